@@ -1,0 +1,249 @@
+"""The overlay's own logic: reading the series, and installing it into a stand-in site-packages.
+
+The stand-in holds the wheel's real base files (taken from the venv's torch, or
+from the overlay's backups when it is installed there) and a RECORD for them;
+only the compiler is replaced, so these tests run in seconds.
+"""
+
+import hashlib
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from torch_overlay import install as overlay, series, versions
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PATCHES = REPO / "patches"
+TEST_FILE = "test/distributed/test_ddp_update_process_group.py"
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def wheel_originals():
+    """The torch 2.1.2 wheel's own bytes for the files the series patches."""
+    torch = overlay.Torch.find()
+    manifest = overlay.Manifest.read(torch.site_packages)
+    applied = series.read_series(PATCHES, torch.site_packages).applied
+    return {series.installed_path(p): data for p, data in overlay.originals(torch, manifest, applied).items()}
+
+
+ORIGINALS = wheel_originals()
+
+
+@pytest.fixture
+def site(tmp_path):
+    site = tmp_path / "site-packages"
+    for installed, data in ORIGINALS.items():
+        (site / installed).parent.mkdir(parents=True, exist_ok=True)
+        (site / installed).write_bytes(data)
+    return site
+
+
+@pytest.fixture
+def torch_dist(site):
+    return overlay.Torch("2.1.2", site, {installed: sha(data) for installed, data in ORIGINALS.items()})
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A copy of the repository's patches, to change without touching the real ones."""
+    copy = tmp_path / "repo"
+    shutil.copytree(PATCHES, copy / "patches")
+    return copy
+
+
+class FakeBuild:
+    """Stands in for the compiler: records calls, writes a placeholder module."""
+
+    def __init__(self, error=None):
+        self.calls = 0
+        self.error = error
+
+    def __call__(self, build_dir, include, patches):
+        self.calls += 1
+        assert (include / "torch/csrc/distributed/c10d/reducer.hpp").is_file()
+        if self.error:
+            raise self.error
+        built = build_dir / "_C.cpython-311-x86_64-linux-gnu.so"
+        built.write_bytes(b"placeholder")
+        return built
+
+
+def site_state(site):
+    return {str(p.relative_to(site)): sha(p.read_bytes()) for p in sorted(site.rglob("*")) if p.is_file()}
+
+
+# The series
+
+
+def test_series_roles(site):
+    s = series.read_series(PATCHES, site)
+    assert sorted(series.installed_path(p) for p in s.applied) == sorted(ORIGINALS)
+    assert s.fragments and all(f.path == series.REDUCER_CPP for f in s.fragments)
+    assert "void Reducer::reset_state() {" in "".join(f.text for f in s.fragments)
+
+
+def test_bindings_stand_in_for_exactly_the_init_cpp_hunks(site):
+    bound_by_glue = re.findall(r'py::name\("(\w+)"\)', (REPO / "torch_overlay" / "bindings.cpp").read_text())
+    assert sorted(bound_by_glue) == sorted(series.read_series(PATCHES, site).bound_methods)
+    assert sorted(bound_by_glue) == ["_reset_state", "_update_process_group"]
+
+
+def test_repo_test_file_is_the_one_the_series_adds(tmp_path):
+    # The series is the product: test/distributed must be exactly what it adds.
+    for patch in series.patch_files(PATCHES):
+        subprocess.run(["git", "apply", f"--include={TEST_FILE}", str(patch)], cwd=tmp_path, check=True)
+    assert (tmp_path / TEST_FILE).read_bytes() == (REPO / TEST_FILE).read_bytes()
+
+
+def make_patch(tmp_path, path, before, after):
+    """A real ``git format-patch`` of changing ``path`` from ``before`` to ``after``."""
+    work = tmp_path / "scratch"
+    work.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(git + ["init", "-q"], cwd=work, check=True)
+    (work / path).parent.mkdir(parents=True, exist_ok=True)
+    (work / path).write_text(before)
+    subprocess.run(git + ["add", "-A"], cwd=work, check=True)
+    subprocess.run(git + ["commit", "-qm", "base"], cwd=work, check=True)
+    (work / path).write_text(after)
+    subprocess.run(git + ["commit", "-qam", "change"], cwd=work, check=True)
+    out = tmp_path / "patches"
+    subprocess.run(git + ["format-patch", "-q", "-1", "-o", str(out)], cwd=work, check=True)
+    return out
+
+
+def test_removing_reducer_cpp_lines_is_refused(tmp_path, site):
+    patches = make_patch(tmp_path, series.REDUCER_CPP, "a\nb\nc\n", "a\nc\nd\n")
+    with pytest.raises(series.SeriesError, match="removes 1 line.*keep C\\+\\+ changes additive"):
+        series.read_series(patches, site)
+
+
+def test_file_the_overlay_cannot_carry_is_refused(tmp_path, site):
+    patches = make_patch(tmp_path, "torch/csrc/distributed/c10d/ProcessGroup.cpp", "a\n", "b\n")
+    with pytest.raises(series.SeriesError, match="ProcessGroup.cpp, which the wheel does not ship"):
+        series.read_series(patches, site)
+
+
+def test_additions_source_points_into_reducer_cpp(site):
+    source = overlay.additions_source(series.read_series(PATCHES, site))
+    assert '#include "reducer_prelude.h"' in source
+    assert re.search(r'#line \d+ "torch/csrc/distributed/c10d/reducer.cpp"', source)
+
+
+@pytest.mark.parametrize(
+    "version, message",
+    [
+        ("2.2.0", "already has DistributedDataParallel._update_process_group upstream"),
+        ("2.13.0", "already has DistributedDataParallel._update_process_group upstream"),
+        ("2.0.1", "needs torch 2.1.x"),
+        ("nonsense", "cannot read a torch version"),
+    ],
+)
+def test_unsupported_torch_versions(version, message):
+    with pytest.raises(versions.UnsupportedTorch, match=message):
+        versions.check(version)
+
+
+@pytest.mark.parametrize("version", ["2.1.0", "2.1.2", "2.1.2+cpu"])
+def test_supported_torch_versions(version):
+    versions.check(version)
+
+
+# Installing into a stand-in site-packages
+
+
+def test_install_status_uninstall(repo, site, torch_dist, capsys):
+    build = FakeBuild()
+    overlay.install(repo, torch_dist, build)
+    assert build.calls == 1
+    distributed = (site / "torch/nn/parallel/distributed.py").read_text()
+    assert "def _update_process_group(self, new_process_group):" in distributed
+    assert "void reset_state();" in (site / "torch/include/torch/csrc/distributed/c10d/reducer.hpp").read_text()
+    assert (site / (overlay.PACKAGE + ".pth")).read_text() == f"import {overlay.PACKAGE}\n"
+    assert overlay.status(repo, torch_dist) == 0
+
+    overlay.install(repo, torch_dist, build)
+    assert build.calls == 1, "an up-to-date install rebuilt"
+    assert "already installed and up to date" in capsys.readouterr().out
+
+    overlay.uninstall(torch_dist)
+    for installed, data in ORIGINALS.items():
+        assert (site / installed).read_bytes() == data
+    assert not (site / overlay.PACKAGE).exists()
+    assert not (site / (overlay.PACKAGE + ".pth")).exists()
+    assert overlay.status(repo, torch_dist) == 1
+
+
+def test_install_rebuilds_when_patches_change(repo, site, torch_dist):
+    build = FakeBuild()
+    overlay.install(repo, torch_dist, build)
+    patch = sorted((repo / "patches").glob("*.patch"))[1]
+    patch.write_text(patch.read_text().replace("Swap the process group", "Replace the process group", 1))
+    assert overlay.status(repo, torch_dist) == 2
+    overlay.install(repo, torch_dist, build)
+    assert build.calls == 2
+    assert overlay.status(repo, torch_dist) == 0
+    overlay.uninstall(torch_dist)
+    for installed, data in ORIGINALS.items():
+        assert (site / installed).read_bytes() == data
+
+
+def test_status_notices_a_file_changed_behind_its_back(repo, site, torch_dist):
+    overlay.install(repo, torch_dist, FakeBuild())
+    with open(site / "torch/nn/parallel/distributed.py", "a") as f:
+        f.write("# edited\n")
+    assert overlay.status(repo, torch_dist) == 2
+
+
+@pytest.mark.parametrize("version", ["2.2.0", "2.0.1"])
+def test_install_refuses_other_torch_and_changes_nothing(repo, site, torch_dist, version):
+    before = site_state(site)
+    torch_dist.version = version
+    with pytest.raises(overlay.OverlayError, match="upstream|needs torch 2.1.x"):
+        overlay.install(repo, torch_dist, FakeBuild())
+    assert site_state(site) == before
+
+
+def test_patch_that_does_not_apply_changes_nothing(repo, site, torch_dist):
+    before = site_state(site)
+    patch = sorted((repo / "patches").glob("*.patch"))[1]
+    # Corrupt a context line of the distributed.py hunk.
+    text = patch.read_text()
+    assert "\n RPC_AVAILABLE = False\n" in text
+    patch.write_text(text.replace("\n RPC_AVAILABLE = False\n", "\n RPC_AVAILABLE = None\n", 1))
+    with pytest.raises(overlay.OverlayError, match="does not apply to the files of the installed torch"):
+        overlay.install(repo, torch_dist, FakeBuild())
+    assert site_state(site) == before
+
+
+def test_failed_build_changes_nothing(repo, site, torch_dist):
+    before = site_state(site)
+    with pytest.raises(overlay.OverlayError, match="compiler said no"):
+        overlay.install(repo, torch_dist, FakeBuild(error=overlay.OverlayError("compiler said no")))
+    assert site_state(site) == before
+
+
+def test_modified_torch_is_refused(repo, site, torch_dist):
+    with open(site / "torch/nn/parallel/distributed.py", "a") as f:
+        f.write("# local change\n")
+    before = site_state(site)
+    with pytest.raises(overlay.OverlayError, match="differs from the file the torch 2.1.2 wheel installed"):
+        overlay.install(repo, torch_dist, FakeBuild())
+    assert site_state(site) == before
+
+
+# The scripts
+
+
+@pytest.mark.parametrize("script", ["overlay", "test", "demo"])
+def test_scripts_have_help(script):
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: scripts/{script}")

@@ -1,0 +1,31 @@
+"""``python -m torch_overlay {install,status,uninstall}``, run by scripts/overlay inside the venv."""
+
+import argparse
+import pathlib
+import sys
+
+from torch_overlay import install as overlay
+from torch_overlay.series import SeriesError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_overlay", description=__doc__)
+    parser.add_argument("action", choices=("install", "status", "uninstall"))
+    parser.add_argument("--repo", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[1])
+    args = parser.parse_args(argv)
+    try:
+        torch = overlay.Torch.find()
+        if args.action == "install":
+            overlay.install(args.repo, torch)
+        elif args.action == "status":
+            return overlay.status(args.repo, torch)
+        else:
+            overlay.uninstall(torch)
+    except (overlay.OverlayError, SeriesError) as e:
+        print(f"overlay {args.action}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+// Stands in for the torch/csrc/distributed/c10d/init.cpp hunks of the patch
+// series, which the wheel cannot be rebuilt with: binds the same methods onto
+// the Reducer class that torch._C._distributed_c10d already registered. The
+// extension shares torch's pybind11 type registry, so Reducer and ProcessGroup
+// arguments convert exactly as they do in init.cpp.
+//
+// Invariant (checked by test/scripts/test_overlay.py): the py::name()s here are
+// the names that the init.cpp hunks bind, no more and no fewer.
+
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::object reducer =
+      py::module::import("torch._C._distributed_c10d").attr("Reducer");
+  reducer.attr("_reset_state") = py::cpp_function(
+      &::c10d::Reducer::reset_state,
+      py::name("_reset_state"),
+      py::is_method(reducer),
+      py::call_guard<py::gil_scoped_release>());
+  reducer.attr("_update_process_group") = py::cpp_function(
+      &::c10d::Reducer::update_process_group,
+      py::name("_update_process_group"),
+      py::is_method(reducer),
+      py::arg("new_process_group"),
+      py::call_guard<py::gil_scoped_release>());
+}
