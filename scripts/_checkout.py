@@ -1,0 +1,161 @@
+"""A PyTorch checkout, as scripts/apply, build, submit and test see it.
+
+Everything here asks git; nothing changes the checkout's work tree or index.
+Trying the series out uses a temporary index file (``git apply --cached``).
+"""
+
+import dataclasses
+import os
+import pathlib
+import re
+import subprocess
+import tempfile
+from typing import List, Optional
+
+import _common
+from torch_overlay import versions
+
+PATCHES = _common.REPO / "patches"
+# Files whose presence makes a directory a PyTorch source tree.
+MARKERS = ("setup.py", "version.txt", "torch/nn/parallel/distributed.py", "torch/csrc/distributed/c10d/reducer.cpp")
+DDP = "torch/nn/parallel/distributed.py"
+
+
+class CheckoutError(Exception):
+    """The checkout cannot be used as asked; the message says why."""
+
+
+def patch_files() -> List[pathlib.Path]:
+    patches = sorted(PATCHES.glob("*.patch"))
+    if not patches:
+        raise CheckoutError(f"no patches in {PATCHES}")
+    return patches
+
+
+def git(tree: pathlib.Path, *args: str, env: Optional[dict] = None, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        ["git", "-C", str(tree), *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+    if check and result.returncode != 0:
+        raise CheckoutError(f"git {' '.join(args)} failed: {result.stderr.strip()}")
+    return result
+
+
+@dataclasses.dataclass
+class Rejection:
+    """Where the series stops applying."""
+
+    patch: str
+    file: str
+    line: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{self.patch} does not apply: the hunk at {where} does not match.\n{self.message}"
+
+
+def parse_rejection(patch: str, output: str) -> Rejection:
+    """Name the file and hunk from ``git apply`` or ``git am`` output."""
+    match = re.search(r"patch failed: (?P<file>\S+):(?P<line>\d+)", output)
+    if match:
+        return Rejection(patch, match.group("file"), match.group("line"), output.strip())
+    match = re.search(r"Merge conflict in (?P<file>\S+)", output) or re.search(r"error: (?P<file>\S+): ", output)
+    return Rejection(patch, match.group("file") if match else "?", "", output.strip())
+
+
+def first_rejected_hunk(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
+    """Apply the series to HEAD in a throwaway index, without merging: the first hunk that fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        git(tree, "read-tree", "HEAD", env=env)
+        for patch in patches:
+            result = git(tree, "apply", "--cached", str(patch), env=env, check=False)
+            if result.returncode != 0:
+                return parse_rejection(patch.name, result.stderr)
+    return None
+
+
+@dataclasses.dataclass
+class Checkout:
+    path: pathlib.Path
+
+    @classmethod
+    def open(cls, path: pathlib.Path) -> "Checkout":
+        path = path.resolve()
+        if not path.is_dir():
+            raise CheckoutError(f"{path} is not a directory")
+        if git(path, "rev-parse", "--is-inside-work-tree", check=False).returncode != 0:
+            raise CheckoutError(f"{path} is not a git checkout")
+        top = pathlib.Path(git(path, "rev-parse", "--show-toplevel").stdout.strip())
+        missing = [m for m in MARKERS if not (top / m).is_file()]
+        if missing:
+            raise CheckoutError(f"{top} is not a PyTorch source tree: it has no {', '.join(missing)}")
+        return cls(top)
+
+    @property
+    def version(self) -> str:
+        return (self.path / "version.txt").read_text().strip()
+
+    def branch(self) -> str:
+        return git(self.path, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
+
+    def require_clean(self) -> None:
+        dirty = git(self.path, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+        if dirty:
+            raise CheckoutError(
+                f"{self.path} has uncommitted changes; commit or stash them first:\n{dirty}"
+            )
+
+    def is_applied(self, patches: List[pathlib.Path]) -> bool:
+        """Whether HEAD already has the series: it reverse-applies, tried in a throwaway index."""
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+            git(self.path, "read-tree", "HEAD", env=env)
+            for patch in reversed(patches):
+                if git(self.path, "apply", "--cached", "--reverse", str(patch), env=env, check=False).returncode:
+                    return False
+        return True
+
+    def try_apply(self, patches: List[pathlib.Path]) -> Optional[Rejection]:
+        """Apply the series to HEAD exactly as scripts/apply does, in a throwaway worktree."""
+        with tempfile.TemporaryDirectory() as tmp:
+            worktree = pathlib.Path(tmp) / "worktree"
+            git(self.path, "worktree", "add", "--detach", "--quiet", str(worktree), "HEAD")
+            try:
+                return am(worktree, patches)
+            finally:
+                git(self.path, "worktree", "remove", "--force", str(worktree), check=False)
+
+    def state(self, patches: List[pathlib.Path]) -> str:
+        """ "applied" (the series is at HEAD), "upstream" (the tree has the API of its own)
+        or "base" (a v2.1.x tree without it); raises CheckoutError for any other tree."""
+        if self.is_applied(patches):
+            return "applied"
+        if "def _update_process_group(" in (self.path / DDP).read_text():
+            return "upstream"
+        try:
+            versions.check(self.version)
+        except versions.UnsupportedTorch as e:
+            raise CheckoutError(f"{self.path}: {e}") from e
+        return "base"
+
+
+def am(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
+    """``git am --3way`` the series onto ``tree``'s HEAD, keeping subjects such as "[c10d] ...".
+
+    On failure, aborts so that ``tree`` is as it was, and returns where it stopped.
+    """
+    result = git(tree, "am", "--3way", "--keep-non-patch", *map(str, patches), check=False)
+    if result.returncode == 0:
+        return None
+    output = result.stdout + result.stderr
+    number = re.search(r"Patch failed at (\d+)", output)
+    failed = next((p.name for p in patches if number and p.name.startswith(number.group(1))), "the series")
+    git(tree, "am", "--abort", check=False)
+    rejection = parse_rejection(failed, output)
+    # A three-way merge names only the file; the plain apply names the hunk.
+    hunk = first_rejected_hunk(tree, patches)
+    if hunk is not None and hunk.file == rejection.file:
+        rejection.line = hunk.line
+    return rejection

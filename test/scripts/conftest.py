@@ -1,0 +1,63 @@
+"""Fixtures for the scripts' tests: the wheel's base files and a stand-in PyTorch checkout."""
+
+import pathlib
+import subprocess
+
+import pytest
+import unidiff
+
+from torch_overlay import install as overlay, series
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PATCHES = REPO / "patches"
+# Files the series changes that the wheel does not ship.
+SOURCE_ONLY = (series.REDUCER_CPP, series.INIT_CPP)
+GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
+
+
+def _wheel_originals():
+    """The torch 2.1.2 wheel's own bytes for the files the series patches, by installed path."""
+    torch = overlay.Torch.find()
+    manifest = overlay.Manifest.read(torch.site_packages)
+    applied = series.read_series(PATCHES, torch.site_packages).applied
+    return {series.installed_path(p): data for p, data in overlay.originals(torch, manifest, applied).items()}
+
+
+WHEEL_ORIGINALS = _wheel_originals()
+
+
+def stand_in(path: str) -> str:
+    """A file with the lines the series' hunks expect to find in ``path``, and nothing else."""
+    hunks = []
+    for patch in series.patch_files(PATCHES):
+        for patched_file in unidiff.PatchSet.from_filename(str(patch), encoding="utf-8"):
+            if patched_file.path == path:
+                hunks.extend(patched_file)
+    assert hunks, f"the series does not change {path}"
+    pre_images = ["".join(line.value for line in hunk if not line.is_added) for hunk in hunks]
+    return "// stand-in\n".join(pre_images)
+
+
+def git(tree, *args):
+    return subprocess.run(GIT + ["-C", str(tree), *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def pytorch_tree(tmp_path):
+    """A git checkout shaped like the release/2.1 tree, as far as the series and the scripts look."""
+    tree = tmp_path / "pytorch"
+    files = {
+        "setup.py": "# stand-in\n",
+        "version.txt": "2.1.0a0\n",
+        **{path: stand_in(path) for path in SOURCE_ONLY},
+    }
+    for installed, data in WHEEL_ORIGINALS.items():
+        (tree / installed.removeprefix("torch/include/")).parent.mkdir(parents=True, exist_ok=True)
+        (tree / installed.removeprefix("torch/include/")).write_bytes(data)
+    for path, text in files.items():
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text(text)
+    subprocess.run(GIT + ["init", "-q", "-b", "main", str(tree)], check=True)
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "base")
+    return tree

@@ -1,0 +1,210 @@
+"""scripts/apply, build and submit, run as a user would, against a stand-in PyTorch checkout."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import git, GIT, REPO
+
+SUBJECTS = [
+    "[c10d] Add Reducer::update_process_group() and Reducer::reset_state()",
+    "[DDP] Add DistributedDataParallel._update_process_group()",
+    "[DDP] Test DistributedDataParallel._update_process_group()",
+]
+
+
+# git am records a committer; do not depend on the machine's git configuration.
+COMMITTER = {"GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.com"}
+
+
+def script(name, *args, env=None):
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / name), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **COMMITTER, **(env or {})},
+    )
+
+
+def head(tree):
+    return git(tree, "rev-parse", "HEAD").strip(), git(tree, "rev-parse", "--abbrev-ref", "HEAD").strip()
+
+
+def branches(tree):
+    return git(tree, "branch", "--format=%(refname:short)").split()
+
+
+# scripts/apply
+
+
+def test_check_reports_and_changes_nothing(pytorch_tree):
+    before = head(pytorch_tree)
+    result = script("apply", pytorch_tree, "--check")
+    assert result.returncode == 0, result.stderr
+    assert "the 3 patches apply cleanly to HEAD (version 2.1.0a0)" in result.stdout
+    assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
+
+
+def test_apply_makes_the_series_commits_on_a_branch(pytorch_tree):
+    result = script("apply", pytorch_tree)
+    assert result.returncode == 0, result.stderr
+    assert "applied: " in result.stdout
+    assert git(pytorch_tree, "rev-parse", "--abbrev-ref", "HEAD").strip() == "ddp-update-process-group"
+    log = git(pytorch_tree, "log", "--format=%s|%an", "-3", "--reverse").splitlines()
+    assert [line.split("|")[0] for line in log] == SUBJECTS
+    assert all(line.endswith("|DDP update_process_group maintainers") for line in log)
+    assert "void Reducer::reset_state() {" in (pytorch_tree / "torch/csrc/distributed/c10d/reducer.cpp").read_text()
+    assert (pytorch_tree / "test/distributed/test_ddp_update_process_group.py").is_file()
+
+
+def test_apply_twice_says_already_applied(pytorch_tree):
+    assert script("apply", pytorch_tree).returncode == 0
+    before = head(pytorch_tree)
+    result = script("apply", pytorch_tree, "--branch", "again")
+    assert result.returncode == 0, result.stderr
+    assert "already applied" in result.stdout
+    assert head(pytorch_tree) == before and "again" not in branches(pytorch_tree)
+    assert "already applied" in script("apply", pytorch_tree, "--check").stdout
+
+
+def test_dirty_tree_is_refused(pytorch_tree):
+    with open(pytorch_tree / "setup.py", "a") as f:
+        f.write("# local edit\n")
+    result = script("apply", pytorch_tree)
+    assert result.returncode == 2
+    assert "has uncommitted changes; commit or stash them first" in result.stderr
+    assert branches(pytorch_tree) == ["main"]
+
+
+def test_conflict_aborts_cleanly_and_names_the_hunk(pytorch_tree):
+    # A line that the series changes too: even a three-way merge cannot reconcile them.
+    ddp = pytorch_tree / "torch/nn/parallel/distributed.py"
+    line = "    from torch.distributed.distributed_c10d import _get_default_group, ReduceOp\n"
+    ddp.write_text(ddp.read_text().replace(line, line.replace("ReduceOp", "ReduceOp, Work"), 1))
+    git(pytorch_tree, "commit", "-qam", "a local change where the series changes the file")
+    before = head(pytorch_tree)
+    result = script("apply", pytorch_tree)
+    assert result.returncode == 2
+    assert "0002-DDP-Add-DistributedDataParallel._update_process_grou.patch does not apply" in result.stderr
+    assert "the hunk at torch/nn/parallel/distributed.py:22 does not match" in result.stderr
+    assert "back on main, as it was" in result.stderr
+    assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
+    assert git(pytorch_tree, "status", "--porcelain") == ""
+    assert not (pytorch_tree / ".git" / "rebase-apply").exists()
+    check = script("apply", pytorch_tree, "--check")
+    assert check.returncode == 2 and "the hunk at torch/nn/parallel/distributed.py:22" in check.stderr
+    assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
+    assert git(pytorch_tree, "worktree", "list").count("\n") == 1
+
+
+def test_not_a_pytorch_tree(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert "is not a git checkout" in script("apply", plain).stderr
+    subprocess.run(GIT + ["init", "-q", str(plain)], check=True)
+    result = script("apply", plain)
+    assert result.returncode == 2
+    assert "is not a PyTorch source tree: it has no setup.py, version.txt" in result.stderr
+
+
+def test_already_upstream(pytorch_tree):
+    ddp = pytorch_tree / "torch/nn/parallel/distributed.py"
+    ddp.write_text(ddp.read_text() + "\n    def _update_process_group(self, new_process_group):\n        pass\n")
+    (pytorch_tree / "version.txt").write_text("2.2.0a0\n")
+    git(pytorch_tree, "commit", "-qam", "upstream has it")
+    result = script("apply", pytorch_tree)
+    assert result.returncode == 0, result.stderr
+    assert "is already upstream in this tree (version 2.2.0a0)" in result.stdout
+    assert branches(pytorch_tree) == ["main"]
+
+
+def test_other_release_is_refused(pytorch_tree):
+    (pytorch_tree / "version.txt").write_text("2.0.1\n")
+    git(pytorch_tree, "commit", "-qam", "2.0")
+    result = script("apply", pytorch_tree, "--check")
+    assert result.returncode == 2 and "needs torch 2.1.x" in result.stderr
+
+
+# scripts/build
+
+
+def fake_tools(tmp_path, *names):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in names:
+        (bin_dir / name).write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def dry_run_env(tmp_path, *tools):
+    path = os.pathsep.join([str(fake_tools(tmp_path, *tools)), "/usr/bin", "/bin"])
+    return {"PATH": path, "CUDA_HOME": "", "CUDA_PATH": ""}
+
+
+def test_build_dry_run_cpu(pytorch_tree, tmp_path):
+    result = script("build", pytorch_tree, "--dry-run", "--jobs", "2", env=dry_run_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "CUDA toolkit: none found, building for CPU (Gloo only)" in lines
+    assert f"cd {pytorch_tree}" in lines
+    assert (
+        f"env USE_DISTRIBUTED=1 USE_GLOO=1 USE_CUDA=0 USE_NCCL=0 MAX_JOBS=2 BUILD_TEST=0 {sys.executable} setup.py develop"
+        in lines
+    )
+    assert "scripts/apply applies it" in result.stdout
+
+
+def test_build_dry_run_cuda_ccache_tests(pytorch_tree, tmp_path):
+    assert script("apply", pytorch_tree).returncode == 0
+    result = script("build", pytorch_tree, "--dry-run", "--with-tests", "--jobs", "7", env=dry_run_env(tmp_path, "nvcc", "ccache"))
+    assert result.returncode == 0, result.stderr
+    assert f"CUDA toolkit: {tmp_path / 'bin' / 'nvcc'}" in result.stdout
+    assert "USE_CUDA=1 USE_NCCL=1 MAX_JOBS=7 BUILD_TEST=1 CMAKE_C_COMPILER_LAUNCHER=ccache" in result.stdout
+    assert "CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache" in result.stdout
+    assert "not applied" not in result.stdout
+
+
+def test_build_refuses_a_non_pytorch_tree(tmp_path):
+    result = script("build", tmp_path, "--dry-run")
+    assert result.returncode == 2 and "is not a git checkout" in result.stderr
+
+
+# scripts/submit
+
+
+def test_submit_dry_run_lists_the_stack(pytorch_tree):
+    assert script("apply", pytorch_tree).returncode == 0
+    result = script("submit", pytorch_tree, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "3 commits on ddp-update-process-group" in out
+    for subject in SUBJECTS:
+        assert subject in out
+    assert "      torch/csrc/distributed/c10d/reducer.cpp" in out
+    assert "      test/distributed/test_ddp_update_process_group.py" in out
+    assert out.rstrip().endswith("dry run: nothing submitted")
+
+
+def test_submit_refuses_a_branch_with_more_than_the_series(pytorch_tree):
+    assert script("apply", pytorch_tree).returncode == 0
+    (pytorch_tree / "extra.txt").write_text("extra\n")
+    git(pytorch_tree, "add", "extra.txt")
+    git(pytorch_tree, "commit", "-qm", "something else")
+    result = script("submit", pytorch_tree, "--dry-run")
+    assert result.returncode == 2
+    assert "the branch must hold exactly the series" in result.stderr
+
+
+def test_submit_refuses_a_branch_without_the_series(pytorch_tree):
+    result = script("submit", pytorch_tree, "--dry-run")
+    assert result.returncode == 2
+
+
+def test_submit_without_ghstack_says_how_to_get_it(pytorch_tree, tmp_path):
+    assert script("apply", pytorch_tree).returncode == 0
+    result = script("submit", pytorch_tree, env={"PATH": os.pathsep.join([str(pathlib.Path(sys.executable).parent), "/usr/bin", "/bin"])})
+    assert result.returncode == 2 and "ghstack is not installed" in result.stderr
