@@ -9,7 +9,8 @@ from typing import List, NoReturn, Optional, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_VENV = REPO / ".venv"
-REQUIREMENTS = REPO / "torch_overlay" / "requirements.txt"
+# The overlay venv: torch 2.1.2 and the test tools, and the linters.
+REQUIREMENTS = (REPO / "torch_overlay" / "requirements.txt", REPO / "requirements-lint.txt")
 
 sys.path.insert(0, str(REPO))
 from torch_overlay import versions  # noqa: E402
@@ -37,15 +38,17 @@ def venv_python(venv: pathlib.Path) -> pathlib.Path:
     return venv / "bin" / "python"
 
 
-def venv_env(extra: Optional[dict] = None) -> dict:
-    """The environment for running the venv's python on this repository's code."""
+def venv_env(extra: Optional[dict] = None, venv: pathlib.Path = DEFAULT_VENV) -> dict:
+    """The environment for running the venv's tools on this repository's code."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PATH"] = os.pathsep.join(filter(None, [str(venv / "bin"), env.get("PATH")]))
     env.update(extra or {})
     return env
 
 
-def run(cmd: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
+def run(cmd: Sequence[object], **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run with every argument (str, Path, ...) turned into a string."""
     return subprocess.run([str(c) for c in cmd], **kwargs)
 
 
@@ -59,7 +62,7 @@ def installed_torch_version(python: pathlib.Path) -> Optional[str]:
 
 
 def requirements() -> List[str]:
-    lines = (line.split("#")[0].strip() for line in REQUIREMENTS.read_text().splitlines())
+    lines = (line.split("#")[0].strip() for f in REQUIREMENTS for line in f.read_text().splitlines())
     return [line for line in lines if line]
 
 
@@ -95,7 +98,8 @@ def ensure_venv(venv: pathlib.Path) -> pathlib.Path:
 
 def overlay(python: pathlib.Path, action: str) -> int:
     """Run ``python -m torch_overlay ACTION`` for this repository inside the venv."""
-    return run([python, "-m", "torch_overlay", action, "--repo", REPO], env=venv_env()).returncode
+    venv = python.parent.parent
+    return run([python, "-m", "torch_overlay", action, "--repo", REPO], env=venv_env(venv=venv)).returncode
 
 
 def ensure_overlay(venv: pathlib.Path) -> pathlib.Path:

@@ -94,6 +94,7 @@ def _added_fragments(patch_name: str, patched_file: unidiff.PatchedFile) -> List
                 run.append(line)
                 continue
             if run:
+                assert run[0].target_line_no is not None  # added lines have one
                 fragments.append(
                     Fragment(
                         patch=patch_name,

@@ -30,7 +30,8 @@ class _LoadAfterDistributed(importlib.abc.MetaPathFinder):
             exec_module(module)
             importlib.import_module(__name__ + "._C")
 
-        spec.loader.exec_module = exec_then_load
+        # Per-spec loader instance: wrapping its method affects this import only.
+        spec.loader.exec_module = exec_then_load  # type: ignore[method-assign]
         return spec
 
 

@@ -5,8 +5,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-
 from conftest import git, GIT, REPO
 
 SUBJECTS = [
@@ -206,5 +204,6 @@ def test_submit_refuses_a_branch_without_the_series(pytorch_tree):
 
 def test_submit_without_ghstack_says_how_to_get_it(pytorch_tree, tmp_path):
     assert script("apply", pytorch_tree).returncode == 0
-    result = script("submit", pytorch_tree, env={"PATH": os.pathsep.join([str(pathlib.Path(sys.executable).parent), "/usr/bin", "/bin"])})
+    path = os.pathsep.join([str(pathlib.Path(sys.executable).parent), "/usr/bin", "/bin"])
+    result = script("submit", pytorch_tree, env={"PATH": path})
     assert result.returncode == 2 and "ghstack is not installed" in result.stderr

@@ -1,0 +1,121 @@
+"""The lint adapters and the patch series linter find what they are for."""
+
+import pathlib
+import sys
+
+import unidiff
+
+from conftest import PATCHES, REPO
+
+sys.path.insert(0, str(REPO / "tools" / "linter"))
+import adapter  # noqa: E402
+import patch_series  # noqa: E402
+
+REAL = sorted(PATCHES.glob("*.patch"))
+HEADER = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: A Person <a@example.com>
+Date: Wed, 2 Dec 2026 14:00:00 +0000
+Subject: [PATCH] {subject}
+
+{body}
+---
+ {path} | 2 +-
+ 1 file changed, 1 insertion(+), 1 deletion(-)
+
+diff --git a/{path} b/{path}
+index 0000000..1111111 100644
+--- a/{path}
++++ b/{path}
+@@ -1,3 +1,3 @@
+ context
+-{old}
++{new}
+ context
+--
+2.39.5
+"""
+WHY = "Why this change is needed,\nin more than one line.\n\nUpstream-Ref: https://github.com/pytorch/pytorch/pull/113580"
+
+
+def fake(tmp_path, subject="[c10d] Add a thing", body=WHY, path="torch/csrc/distributed/c10d/reducer.cpp",
+         old="int x = 1;", new="int x = 2;"):
+    patch = tmp_path / "0001-fake.patch"
+    patch.write_text(HEADER.format(subject=subject, body=body, path=path, old=old, new=new))
+    # message() reports paths relative to the repository.
+    return patch, patch.read_text()
+
+
+def names(messages):
+    return sorted(m.name for m in messages)
+
+
+def test_the_series_is_clean():
+    assert patch_series.lint([p.relative_to(REPO) for p in REAL]) == []
+
+
+def test_headers(tmp_path, monkeypatch):
+    monkeypatch.setattr(patch_series, "REPO", tmp_path)
+    patch, text = fake(tmp_path)
+    assert patch_series.lint_header(patch, text) == []
+    patch, text = fake(tmp_path, body="Short.")
+    assert names(patch_series.lint_header(patch, text)) == ["body", "upstream-ref"]
+    patch, text = fake(tmp_path, subject="Add a thing without an area")
+    assert names(patch_series.lint_header(patch, text)) == ["subject"]
+
+
+def test_scope(tmp_path, monkeypatch):
+    monkeypatch.setattr(patch_series, "REPO", tmp_path)
+    patch, text = fake(tmp_path, path="test/distributed/test_x.py")
+    found = patch_series.lint_scope(patch, text, unidiff.PatchSet(text))
+    assert names(found) == ["scope"] and "outside what [c10d]" in found[0].description
+    patch, text = fake(tmp_path, subject="[DDP] Test a thing", path="torch/nn/parallel/distributed.py")
+    assert names(patch_series.lint_scope(patch, text, unidiff.PatchSet(text))) == ["scope"]
+    patch, text = fake(tmp_path, subject="[DDP] Test a thing", path="test/distributed/test_x.py")
+    assert patch_series.lint_scope(patch, text, unidiff.PatchSet(text)) == []
+
+
+def test_noise(tmp_path, monkeypatch):
+    monkeypatch.setattr(patch_series, "REPO", tmp_path)
+    patch, text = fake(tmp_path, old="int x = 1;", new="int  x =  1;")
+    assert names(patch_series.lint_noise(patch, unidiff.PatchSet(text))) == ["reformat"]
+    patch, text = fake(tmp_path, new="int x = 2; ")
+    assert names(patch_series.lint_noise(patch, unidiff.PatchSet(text))) == ["whitespace"]
+    patch, text = fake(tmp_path)
+    assert patch_series.lint_noise(patch, unidiff.PatchSet(text)) == []
+
+
+def test_test_file_must_agree_with_the_series(tmp_path, monkeypatch):
+    copy = tmp_path / "repo"
+    (copy / "torch_overlay").mkdir(parents=True)
+    (copy / "torch_overlay" / "bindings.cpp").write_text((REPO / "torch_overlay" / "bindings.cpp").read_text())
+    test_file = copy / "test/distributed/test_ddp_update_process_group.py"
+    test_file.parent.mkdir(parents=True)
+    test_file.write_text((REPO / "test/distributed/test_ddp_update_process_group.py").read_text() + "# drift\n")
+    monkeypatch.setattr(patch_series, "REPO", copy)
+    series = patch_series.series.read_series(PATCHES, patch_series.overlay.Torch.find().site_packages)
+    found = patch_series.lint_agreement(REAL, series)
+    assert names(found) == ["agree"]
+    (copy / "torch_overlay" / "bindings.cpp").write_text("py::name(\"_reset_state\")\n")
+    assert names(patch_series.lint_agreement(REAL, series)) == ["agree", "bindings"]
+
+
+def test_flake8_adapter(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os\n")
+    assert [(m.name, m.line) for m in adapter.flake8([str(bad)])] == [("F401", 1)]
+
+
+def test_clang_format_adapter():
+    found = adapter.clang_format_messages("x.cpp", "int  f( ){return 1;}\n", "fix it")
+    assert names(found) == ["format"] and found[0].replacement == "int f() {\n  return 1;\n}\n"
+    assert adapter.clang_format_messages("x.cpp", "int f() {\n  return 1;\n}\n", "") == []
+
+
+def test_text_checks(tmp_path, monkeypatch):
+    monkeypatch.setattr(adapter, "REPO", tmp_path)
+    (tmp_path / "a.txt").write_text("x \n\ty\n\n")
+    assert names(adapter.text_checks("spaces", ["a.txt"])) == ["trailing-space"]
+    assert names(adapter.text_checks("tabs", ["a.txt"])) == ["tab"]
+    assert names(adapter.text_checks("newlines", ["a.txt"])) == ["newline"]
+    (tmp_path / "b.txt").write_text("fine\n")
+    assert adapter.text_checks("newlines", ["b.txt"]) == []

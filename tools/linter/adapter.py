@@ -1,0 +1,168 @@
+"""lintrunner adapters: run a linter and print its findings as lintrunner's JSON lint messages.
+
+One entry point serves every linter in .lintrunner.toml:
+
+  adapter.py init REQUIREMENTS_FILE     install the linters (lintrunner init)
+  adapter.py flake8 @PATHSFILE          flake8 with .flake8 (PyTorch's settings)
+  adapter.py clang-format @PATHSFILE    clang-format with .clang-format (PyTorch's style)
+  adapter.py mypy @PATHSFILE            mypy with mypy.ini
+  adapter.py newlines|spaces|tabs @PATHSFILE
+  adapter.py patches @PATHSFILE         the patch series linter (tools/linter/patch_series.py)
+"""
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import re
+import subprocess
+import sys
+from typing import Iterable, List, Optional
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass
+class LintMessage:
+    path: Optional[str]
+    line: Optional[int]
+    char: Optional[int]
+    code: str
+    severity: str
+    name: str
+    description: Optional[str] = None
+    original: Optional[str] = None
+    replacement: Optional[str] = None
+
+
+def emit(messages: Iterable[LintMessage]) -> None:
+    for message in messages:
+        print(json.dumps(dataclasses.asdict(message)), flush=True)
+
+
+def read_paths(args: List[str]) -> List[str]:
+    paths: List[str] = []
+    for arg in args:
+        if arg.startswith("@"):
+            paths.extend(p for p in pathlib.Path(arg[1:]).read_text().splitlines() if p)
+        else:
+            paths.append(arg)
+    return paths
+
+
+def run_tool(code: str, cmd: List[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    except OSError as e:
+        emit([LintMessage(None, None, None, code, "error", "command-failed", f"{cmd[0]}: {e}; run lintrunner init")])
+        sys.exit(0)
+
+
+def flake8(paths: List[str]) -> List[LintMessage]:
+    result = run_tool("FLAKE8", [sys.executable, "-m", "flake8", "--config", str(REPO / ".flake8"), *paths])
+    pattern = re.compile(r"^(?P<path>.*?):(?P<line>\d+):(?P<col>\d+): (?P<name>\S+) (?P<message>.*)$")
+    messages = []
+    for line in result.stdout.splitlines():
+        match = pattern.match(line)
+        if match:
+            messages.append(
+                LintMessage(
+                    match["path"], int(match["line"]), int(match["col"]), "FLAKE8", "error", match["name"], match["message"]
+                )
+            )
+    if result.returncode not in (0, 1) or (result.returncode == 1 and not messages):
+        messages.append(LintMessage(None, None, None, "FLAKE8", "error", "command-failed", result.stderr.strip()))
+    return messages
+
+
+def clang_format_messages(path: str, text: str, description: str) -> List[LintMessage]:
+    result = subprocess.run(
+        ["clang-format", f"--style=file:{REPO / '.clang-format'}", f"--assume-filename={path}"],
+        input=text,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        return [LintMessage(path, None, None, "CLANGFORMAT", "error", "command-failed", result.stderr.strip())]
+    if result.stdout == text:
+        return []
+    return [LintMessage(path, None, None, "CLANGFORMAT", "warning", "format", description, text, result.stdout)]
+
+
+def clang_format(paths: List[str]) -> List[LintMessage]:
+    messages = []
+    for path in paths:
+        text = (REPO / path).read_text()
+        messages += clang_format_messages(path, text, "Run `lintrunner -a` to apply PyTorch's clang-format style.")
+    return messages
+
+
+def mypy(paths: List[str]) -> List[LintMessage]:
+    result = run_tool("MYPY", [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "mypy", "--config-file", str(REPO / "mypy.ini"), *paths])
+    pattern = re.compile(r"^(?P<path>.*?):(?P<line>\d+): (?P<severity>error|note): (?P<message>.*?)(?:  \[(?P<name>.*)\])?$")
+    messages = []
+    for line in result.stdout.splitlines():
+        match = pattern.match(line)
+        if match and match["severity"] == "error":
+            messages.append(
+                LintMessage(match["path"], int(match["line"]), None, "MYPY", "error", match["name"] or "error", match["message"])
+            )
+    if result.returncode not in (0, 1):
+        messages.append(LintMessage(None, None, None, "MYPY", "error", "command-failed", result.stderr.strip()))
+    return messages
+
+
+def text_checks(kind: str, paths: List[str]) -> List[LintMessage]:
+    messages = []
+    for path in paths:
+        text = (REPO / path).read_text()
+        code = kind.upper()
+        if kind == "newlines":
+            if text and not text.endswith("\n") or text.endswith("\n\n"):
+                fixed = text.rstrip("\n") + "\n"
+                messages.append(LintMessage(path, None, None, code, "error", "newline", "File must end in exactly one newline.", text, fixed))
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if kind == "spaces" and line != line.rstrip():
+                messages.append(LintMessage(path, number, len(line.rstrip()) + 1, code, "error", "trailing-space", "Trailing whitespace."))
+            if kind == "tabs" and "\t" in line:
+                messages.append(LintMessage(path, number, line.index("\t") + 1, code, "error", "tab", "Tab character; indent with spaces."))
+    return messages
+
+
+def init(requirements: List[str], dry_run: bool) -> None:
+    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    for path in requirements:
+        cmd += ["-r", str(REPO / path)]
+    if dry_run:
+        print("would run: " + " ".join(cmd))
+        return
+    subprocess.run(cmd, check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("linter", choices=("init", "flake8", "clang-format", "mypy", "newlines", "spaces", "tabs", "patches"))
+    parser.add_argument("--dry-run", default="0", help="for init: 1 to only print the pip command")
+    parser.add_argument("args", nargs="*")
+    args = parser.parse_intermixed_args()
+    if args.linter == "init":
+        init(args.args, args.dry_run == "1")
+        return
+    paths = read_paths(args.args)
+    if args.linter == "flake8":
+        emit(flake8(paths))
+    elif args.linter == "clang-format":
+        emit(clang_format(paths))
+    elif args.linter == "mypy":
+        emit(mypy(paths))
+    elif args.linter == "patches":
+        import patch_series  # next to this file, so on sys.path
+
+        emit(patch_series.lint([pathlib.Path(p) for p in paths]))
+    else:
+        emit(text_checks(args.linter, paths))
+
+
+if __name__ == "__main__":
+    main()

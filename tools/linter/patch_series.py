@@ -1,0 +1,203 @@
+"""The patch series linter: what a reviewer of the stack checks before reading the code.
+
+For the series in patches/ (lintrunner passes the patch files):
+
+* HEADER: every patch has an author, a date, a "[area] Subject", a body that says
+  why, and at least one Upstream-Ref trailer citing a pytorch/pytorch PR;
+* SCOPE: each patch touches only what its subject's area covers;
+* NOISE: no hunk only re-formats a line, and no added line has trailing
+  whitespace or tabs;
+* APPLY: the series applies to the wheel's base files where the wheel has them,
+  and the overlay can carry it (reducer.cpp hunks additive, bindings.cpp binding
+  exactly what the init.cpp hunks bind);
+* AGREE: test/distributed holds exactly what the series adds there;
+* FLAKE8 / CLANGFORMAT: the Python and C++ the series adds, checked in place in
+  the patched files with the repository's flake8 and clang-format settings.
+"""
+
+import email.parser
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Tuple
+
+import unidiff
+
+from adapter import clang_format_messages, flake8, LintMessage, REPO
+
+sys.path.insert(0, str(REPO))
+from torch_overlay import install as overlay, series  # noqa: E402
+
+CODE = "PATCHES"
+UPSTREAM_REF = re.compile(r"^Upstream-Ref: https://github\.com/pytorch/pytorch/pull/\d+$", re.M)
+SUBJECT = re.compile(r"^\[PATCH(?: \d+/\d+)?\] \[(?P<area>[^\]]+)\] (?P<title>\S.*)$")
+# What each subject area may touch. A "[DDP] Test ..." patch holds tests only.
+SCOPES: Dict[str, Tuple[str, ...]] = {
+    "c10d": ("torch/csrc/distributed/c10d/", "torch/_C/_distributed_c10d.pyi"),
+    "DDP": ("torch/nn/parallel/", "torch/distributed/"),
+    "DDP test": ("test/distributed/",),
+}
+
+
+def message(patch: pathlib.Path, name: str, description: str, line=None) -> LintMessage:
+    return LintMessage(str(patch.relative_to(REPO)), line, None, CODE, "error", name, description)
+
+
+def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
+    # format-patch output is one mbox message; drop the "From <sha>" separator line.
+    headers = email.parser.Parser().parsestr(text.split("\n", 1)[1], headersonly=True)
+    found = []
+    for field in ("From", "Date", "Subject"):
+        if not headers.get(field):
+            found.append(message(patch, "header", f"no {field}: header"))
+    subject = " ".join((headers.get("Subject") or "").split())
+    match = SUBJECT.match(subject)
+    if not match:
+        found.append(message(patch, "subject", f"subject {subject!r} is not '[area] Title', e.g. '[c10d] Add ...'"))
+    body = text.split("\n\n", 1)[1].split("\n---\n", 1)[0] if "\n\n" in text else ""
+    prose = [line for line in body.splitlines() if line.strip() and not UPSTREAM_REF.match(line)]
+    if len(prose) < 2:
+        found.append(message(patch, "body", "the commit message has no body that explains why"))
+    if not UPSTREAM_REF.search(body):
+        found.append(message(patch, "upstream-ref", "no 'Upstream-Ref: https://github.com/pytorch/pytorch/pull/N' trailer"))
+    return found
+
+
+def scope_of(subject_match) -> Tuple[str, ...]:
+    area = subject_match["area"]
+    if area == "DDP" and subject_match["title"].startswith("Test"):
+        area = "DDP test"
+    return SCOPES.get(area, ())
+
+
+def lint_scope(patch: pathlib.Path, text: str, patch_set: unidiff.PatchSet) -> List[LintMessage]:
+    header = re.search(r"^Subject: (.*(?:\n .*)*)", text, re.M)
+    match = SUBJECT.match(" ".join(header.group(1).split())) if header else None
+    if not match:
+        return []  # lint_header reports it
+    allowed = scope_of(match)
+    if not allowed:
+        return [message(patch, "scope", f"unknown area [{match['area']}]; known: {', '.join(SCOPES)}")]
+    return [
+        message(patch, "scope", f"{f.path} is outside what [{match['area']}] {match['title']!r} covers: {', '.join(allowed)}")
+        for f in patch_set
+        if not f.path.startswith(allowed)
+    ]
+
+
+def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMessage]:
+    found = []
+    for patched_file in patch_set:
+        for hunk in patched_file:
+            removed = {"".join(line.value.split()) for line in hunk if line.is_removed}
+            for line in hunk:
+                if not line.is_added:
+                    continue
+                value = line.value.rstrip("\n")
+                if value != value.rstrip() or "\t" in value:
+                    found.append(message(patch, "whitespace", "added line has trailing whitespace or a tab", line.diff_line_no))
+                if line.value.strip() and "".join(line.value.split()) in removed:
+                    found.append(
+                        message(
+                            patch,
+                            "reformat",
+                            f"{patched_file.path}: this line only re-formats a line the hunk removes",
+                            line.diff_line_no,
+                        )
+                    )
+    return found
+
+
+def added_lines(patch_sets: Dict[pathlib.Path, unidiff.PatchSet], path: str) -> Dict[int, Tuple[pathlib.Path, int]]:
+    """Line in the final patched ``path`` -> (patch, line in the patch), for the last patch touching it."""
+    lines: Dict[int, Tuple[pathlib.Path, int]] = {}
+    for patch, patch_set in patch_sets.items():
+        for patched_file in patch_set:
+            if patched_file.path != path:
+                continue
+            lines = {}
+            for hunk in patched_file:
+                for line in hunk:
+                    if line.is_added and line.target_line_no is not None and line.diff_line_no is not None:
+                        lines[line.target_line_no] = (patch, line.diff_line_no)
+    return lines
+
+
+def lint_added_code(tree: pathlib.Path, patches: series.Series, patch_sets) -> List[LintMessage]:
+    found = []
+    for repo_path in patches.applied:
+        added = added_lines(patch_sets, repo_path)
+        # PyTorch's flake8 settings exclude stubs (*.pyi).
+        if repo_path.endswith(".py"):
+            for m in flake8([str(tree / repo_path)]):
+                if m.line in added:
+                    patch, diff_line = added[m.line]
+                    found.append(message(patch, f"flake8-{m.name}", f"{repo_path}:{m.line}: {m.description}", diff_line))
+        elif repo_path.endswith(series.HEADER_SUFFIXES):
+            text = (tree / repo_path).read_text()
+            for m in clang_format_messages(repo_path, text, ""):
+                changed = {n for n, (a, b) in enumerate(zip(text.splitlines(), (m.replacement or "").splitlines()), 1) if a != b}
+                for n in sorted(changed & set(added)):
+                    patch, diff_line = added[n]
+                    found.append(message(patch, "clang-format", f"{repo_path}:{n} is not in PyTorch's clang-format style", diff_line))
+    source = overlay.additions_source(patches)
+    for m in clang_format_messages(series.REDUCER_CPP, source, ""):
+        found.append(
+            LintMessage(
+                "patches", None, None, CODE, "error", "clang-format",
+                f"the lines the series adds to {series.REDUCER_CPP} are not in PyTorch's clang-format style",
+            )
+        )
+    return found
+
+
+def lint_agreement(patch_files: List[pathlib.Path], patches: series.Series) -> List[LintMessage]:
+    found = []
+    glue = re.findall(r'py::name\("(\w+)"\)', (REPO / "torch_overlay" / "bindings.cpp").read_text())
+    if sorted(glue) != sorted(patches.bound_methods):
+        found.append(
+            LintMessage(
+                "torch_overlay/bindings.cpp", None, None, CODE, "error", "bindings",
+                f"binds {sorted(glue)}, but the init.cpp hunks bind {sorted(patches.bound_methods)}",
+            )
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        for patch in patch_files:
+            subprocess.run(["git", "apply", "--include=test/*", str(patch)], cwd=tmp, check=True)
+        for added in pathlib.Path(tmp).rglob("*"):
+            if not added.is_file():
+                continue
+            relative = str(added.relative_to(tmp))
+            mine = REPO / relative
+            if not mine.is_file() or mine.read_bytes() != added.read_bytes():
+                found.append(
+                    LintMessage(
+                        relative, None, None, CODE, "error", "agree",
+                        f"{relative} differs from the file the series adds; change both together",
+                    )
+                )
+    return found
+
+
+def lint(paths: List[pathlib.Path]) -> List[LintMessage]:
+    patch_files = sorted(REPO / p for p in paths)
+    found: List[LintMessage] = []
+    patch_sets = {}
+    for patch in patch_files:
+        text = patch.read_text()
+        patch_sets[patch] = unidiff.PatchSet(text)
+        found += lint_header(patch, text)
+        found += lint_scope(patch, text, patch_sets[patch])
+        found += lint_noise(patch, patch_sets[patch])
+    torch = overlay.Torch.find()
+    try:
+        patches = series.read_series(REPO / "patches", torch.site_packages)
+        sources = overlay.originals(torch, overlay.Manifest.read(torch.site_packages), patches.applied)
+        with tempfile.TemporaryDirectory() as tmp:
+            overlay.apply_patches(pathlib.Path(tmp), patches, sources)
+            found += lint_added_code(pathlib.Path(tmp), patches, patch_sets)
+    except (series.SeriesError, overlay.OverlayError) as e:
+        return found + [LintMessage("patches", None, None, CODE, "error", "apply", str(e))]
+    return found + lint_agreement(patch_files, patches)
