@@ -348,7 +348,7 @@ class UpdateProcessGroupTestBase:
         everyone = list(range(self.world_size))
         recovery_pg = dist.new_group(everyone)
         self._step(ddp, ddp, everyone, 0)
-        self._failed_step(ddp, ddp, 1, raise_at="input", delay_s=1.0 if self.rank == 1 else 0.0)
+        self._failed_step(ddp, ddp, 1, raise_at="input", delay_s=2.0 if self.rank == 1 else 0.0)
         ddp._update_process_group(recovery_pg)
         if self.rank != 1:
             grads = [p.grad for p in ddp.parameters()]

@@ -207,3 +207,29 @@ def test_submit_without_ghstack_says_how_to_get_it(pytorch_tree, tmp_path):
     path = os.pathsep.join([str(pathlib.Path(sys.executable).parent), "/usr/bin", "/bin"])
     result = script("submit", pytorch_tree, env={"PATH": path})
     assert result.returncode == 2 and "ghstack is not installed" in result.stderr
+
+
+# scripts/test --torch-src
+
+
+def test_torch_src_dry_run_lists_the_runs(pytorch_tree):
+    result = script("test", "--torch-src", pytorch_tree, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "ours, source build: (cd " in out and str(REPO / "test" / "distributed") in out
+    assert f"upstream test_c10d_gloo.py: (cd {pytorch_tree} && " in out
+    assert "upstream DDP cases, gloo: (cd" in out
+    assert "BACKEND=gloo WORLD_SIZE=2 INIT_METHOD=env://" in out
+    assert "-k ddp or DistributedDataParallel" in out
+    assert "NCCL: no GPUs (0 visible)" in out
+
+
+def test_torch_src_needs_a_build_of_that_checkout(pytorch_tree):
+    result = script("test", "--torch-src", pytorch_tree)
+    assert result.returncode == 2
+    assert f"is not the develop build of {pytorch_tree}" in result.stderr
+
+
+def test_torch_src_needs_a_pytorch_tree(tmp_path):
+    result = script("test", "--torch-src", tmp_path, "--dry-run")
+    assert result.returncode == 2 and "is not a git checkout" in result.stderr

@@ -1,6 +1,5 @@
 """The lint adapters and the patch series linter find what they are for."""
 
-import pathlib
 import sys
 
 import unidiff

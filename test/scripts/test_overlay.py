@@ -242,7 +242,7 @@ def test_modified_torch_is_refused(repo, site, torch_dist):
 # The scripts
 
 
-@pytest.mark.parametrize("script", ["overlay", "test", "demo"])
+@pytest.mark.parametrize("script", ["overlay", "test", "demo", "mutants", "apply", "build", "submit", "lint"])
 def test_scripts_have_help(script):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--help"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -98,15 +98,16 @@ def clang_format(paths: List[str]) -> List[LintMessage]:
 
 
 def mypy(paths: List[str]) -> List[LintMessage]:
-    result = run_tool("MYPY", [sys.executable, "-W", "ignore::DeprecationWarning", "-m", "mypy", "--config-file", str(REPO / "mypy.ini"), *paths])
+    # mypy 1.4 warns about its own use of mypy_extensions on stderr.
+    python = [sys.executable, "-W", "ignore::DeprecationWarning"]
+    result = run_tool("MYPY", [*python, "-m", "mypy", "--config-file", str(REPO / "mypy.ini"), *paths])
     pattern = re.compile(r"^(?P<path>.*?):(?P<line>\d+): (?P<severity>error|note): (?P<message>.*?)(?:  \[(?P<name>.*)\])?$")
     messages = []
     for line in result.stdout.splitlines():
         match = pattern.match(line)
         if match and match["severity"] == "error":
-            messages.append(
-                LintMessage(match["path"], int(match["line"]), None, "MYPY", "error", match["name"] or "error", match["message"])
-            )
+            name = match["name"] or "error"
+            messages.append(LintMessage(match["path"], int(match["line"]), None, "MYPY", "error", name, match["message"]))
     if result.returncode not in (0, 1):
         messages.append(LintMessage(None, None, None, "MYPY", "error", "command-failed", result.stderr.strip()))
     return messages
@@ -120,13 +121,16 @@ def text_checks(kind: str, paths: List[str]) -> List[LintMessage]:
         if kind == "newlines":
             if text and not text.endswith("\n") or text.endswith("\n\n"):
                 fixed = text.rstrip("\n") + "\n"
-                messages.append(LintMessage(path, None, None, code, "error", "newline", "File must end in exactly one newline.", text, fixed))
+                description = "File must end in exactly one newline."
+                messages.append(LintMessage(path, None, None, code, "error", "newline", description, text, fixed))
             continue
         for number, line in enumerate(text.splitlines(), 1):
             if kind == "spaces" and line != line.rstrip():
-                messages.append(LintMessage(path, number, len(line.rstrip()) + 1, code, "error", "trailing-space", "Trailing whitespace."))
+                column = len(line.rstrip()) + 1
+                messages.append(LintMessage(path, number, column, code, "error", "trailing-space", "Trailing whitespace."))
             if kind == "tabs" and "\t" in line:
-                messages.append(LintMessage(path, number, line.index("\t") + 1, code, "error", "tab", "Tab character; indent with spaces."))
+                column = line.index("\t") + 1
+                messages.append(LintMessage(path, number, column, code, "error", "tab", "Tab; indent with spaces."))
     return messages
 
 

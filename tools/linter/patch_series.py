@@ -141,7 +141,8 @@ def lint_added_code(tree: pathlib.Path, patches: series.Series, patch_sets) -> L
                 changed = {n for n, (a, b) in enumerate(zip(text.splitlines(), (m.replacement or "").splitlines()), 1) if a != b}
                 for n in sorted(changed & set(added)):
                     patch, diff_line = added[n]
-                    found.append(message(patch, "clang-format", f"{repo_path}:{n} is not in PyTorch's clang-format style", diff_line))
+                    description = f"{repo_path}:{n} is not in PyTorch's clang-format style"
+                    found.append(message(patch, "clang-format", description, diff_line))
     source = overlay.additions_source(patches)
     for m in clang_format_messages(series.REDUCER_CPP, source, ""):
         found.append(
