@@ -2,7 +2,8 @@
 
 The stand-in holds the wheel's real base files (taken from the venv's torch, or
 from the overlay's backups when it is installed there) and a RECORD for them;
-only the compiler is replaced, so these tests run in seconds.
+only the compiler is replaced, so these tests run in seconds. That test/ and
+bindings.cpp agree with the series is the patch series linter's job (test_lint.py).
 """
 
 import hashlib
@@ -14,26 +15,18 @@ import sys
 
 import pytest
 
+from conftest import WHEEL_ORIGINALS
 from torch_overlay import install as overlay, series, versions
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
-TEST_FILE = "test/distributed/test_ddp_update_process_group.py"
 
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def wheel_originals():
-    """The torch 2.1.2 wheel's own bytes for the files the series patches."""
-    torch = overlay.Torch.find()
-    manifest = overlay.Manifest.read(torch.site_packages)
-    applied = series.read_series(PATCHES, torch.site_packages).applied
-    return {series.installed_path(p): data for p, data in overlay.originals(torch, manifest, applied).items()}
-
-
-ORIGINALS = wheel_originals()
+ORIGINALS = WHEEL_ORIGINALS
 
 
 @pytest.fixture
@@ -87,19 +80,6 @@ def test_series_roles(site):
     assert sorted(series.installed_path(p) for p in s.applied) == sorted(ORIGINALS)
     assert s.fragments and all(f.path == series.REDUCER_CPP for f in s.fragments)
     assert "void Reducer::reset_state() {" in "".join(f.text for f in s.fragments)
-
-
-def test_bindings_stand_in_for_exactly_the_init_cpp_hunks(site):
-    bound_by_glue = re.findall(r'py::name\("(\w+)"\)', (REPO / "torch_overlay" / "bindings.cpp").read_text())
-    assert sorted(bound_by_glue) == sorted(series.read_series(PATCHES, site).bound_methods)
-    assert sorted(bound_by_glue) == ["_reset_state", "_update_process_group"]
-
-
-def test_repo_test_file_is_the_one_the_series_adds(tmp_path):
-    # The series is the product: test/distributed must be exactly what it adds.
-    for patch in series.patch_files(PATCHES):
-        subprocess.run(["git", "apply", f"--include={TEST_FILE}", str(patch)], cwd=tmp_path, check=True)
-    assert (tmp_path / TEST_FILE).read_bytes() == (REPO / TEST_FILE).read_bytes()
 
 
 def make_patch(tmp_path, path, before, after):
