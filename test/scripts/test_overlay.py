@@ -227,3 +227,22 @@ def test_scripts_have_help(script):
     result = subprocess.run([sys.executable, str(REPO / "scripts" / script), "--help"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"usage: scripts/{script}")
+
+
+@pytest.mark.parametrize(
+    "version, message",
+    [("2.13.0", "already has DistributedDataParallel._update_process_group upstream"), ("2.0.1", "needs torch 2.1.x")],
+)
+def test_overlay_install_refuses_a_venv_with_other_torch(tmp_path, version, message):
+    # A stand-in venv whose python reports that torch version, and would fail at anything else.
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\necho {version}\n")
+    python.chmod(0o755)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "overlay"), "install", "--venv", str(tmp_path / "venv")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert f"torch {version} " in result.stderr and message in result.stderr
