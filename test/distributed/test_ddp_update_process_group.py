@@ -393,6 +393,26 @@ class UpdateProcessGroupTestBase:
         for step in range(4, 6):
             self._step(ddp, ddp, everyone, step)
 
+    def test_bad_argument_changes_nothing(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        group = ddp.process_group
+        self._step(ddp, ddp, everyone, 0)
+        for bad in ("gloo", 3, None):
+            with self.assertRaises(TypeError) as caught:
+                ddp._update_process_group(bad)
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() expects a torch.distributed.ProcessGroup, \
+or GroupMember.NON_GROUP_MEMBER as new_group() returns it on ranks outside the group, \
+but got NoneType: None""",
+        )
+        self.assertIs(ddp.process_group, group)
+        for step in range(1, 3):
+            self._step(ddp, ddp, everyone, step)
+
     def test_gradient_as_bucket_view(self):
         self._init_default_group()
         ddp = self._ddp(gradient_as_bucket_view=True)
