@@ -4,7 +4,8 @@ torch.testing._internal.distributed.distributed_test is the body of upstream's
 test/distributed/test_distributed_spawn.py; the wheel has it but not that file.
 scripts/test --upstream runs this with BACKEND=gloo and WORLD_SIZE=2, once on
 stock torch 2.1.2 and once with the overlay, and compares the outcomes.
-Not named test_*.py, so that the default suite does not collect it.
+Not named test_*.py, so that the default suite does not collect it, and without
+"ddp" in its name, which pytest's -k would match for every case of the file.
 """
 
 import os
