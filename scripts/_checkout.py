@@ -21,6 +21,11 @@ MARKERS = ("setup.py", "version.txt", "torch/nn/parallel/distributed.py", "torch
 DDP = "torch/nn/parallel/distributed.py"
 
 
+def has_the_api(ddp_source: str) -> bool:
+    """Whether a distributed.py already defines DistributedDataParallel._update_process_group."""
+    return "def _update_process_group(" in ddp_source
+
+
 class CheckoutError(Exception):
     """The checkout cannot be used as asked; the message says why."""
 
@@ -132,7 +137,7 @@ class Checkout:
         or "base" (a v2.1.x tree without it); raises CheckoutError for any other tree."""
         if self.is_applied(patches):
             return "applied"
-        if "def _update_process_group(" in (self.path / DDP).read_text():
+        if has_the_api((self.path / DDP).read_text()):
             return "upstream"
         try:
             versions.check(self.version)
