@@ -1,12 +1,13 @@
 // Stands in for the torch/csrc/distributed/c10d/init.cpp hunks of the patch
 // series, which the wheel cannot be rebuilt with: binds the same methods onto
-// the Reducer class that torch._C._distributed_c10d already registered. The
-// extension shares torch's pybind11 type registry, so Reducer and ProcessGroup
-// arguments convert exactly as they do in init.cpp.
+// the Reducer and Logger classes that torch._C._distributed_c10d already
+// registered. The extension shares torch's pybind11 type registry, so Reducer,
+// Logger and ProcessGroup arguments convert exactly as they do in init.cpp.
 //
 // Invariant (checked by test/scripts/test_overlay.py): the py::name()s here are
 // the names that the init.cpp hunks bind, no more and no fewer.
 
+#include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 #include <torch/csrc/utils/pybind.h>
 
@@ -23,5 +24,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::name("_update_process_group"),
       py::is_method(reducer),
       py::arg("new_process_group"),
+      py::call_guard<py::gil_scoped_release>());
+  reducer.attr("_remove_comm_hook") = py::cpp_function(
+      &::c10d::Reducer::remove_comm_hook,
+      py::name("_remove_comm_hook"),
+      py::is_method(reducer),
+      py::call_guard<py::gil_scoped_release>());
+
+  py::object logger =
+      py::module::import("torch._C._distributed_c10d").attr("Logger");
+  logger.attr("_set_process_group_data") = py::cpp_function(
+      &::c10d::Logger::set_process_group_data,
+      py::name("_set_process_group_data"),
+      py::is_method(logger),
       py::call_guard<py::gil_scoped_release>());
 }

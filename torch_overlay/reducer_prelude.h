@@ -1,6 +1,6 @@
-// Prelude for the reducer.cpp additions that the overlay extracts from the
-// patch series and compiles against the wheel's headers. The additions are
-// compiled inside namespace c10d, as in reducer.cpp.
+// Prelude for the reducer.cpp and logger.cpp additions that the overlay
+// extracts from the patch series and compiles against the wheel's headers. The
+// additions are compiled inside namespace c10d, as in those files.
 //
 // The wheel does not ship reducer.cpp, so what the additions use from its
 // anonymous namespace is declared here, with the value it has in v2.1.2.
@@ -8,6 +8,7 @@
 #pragma once
 
 #include <c10/util/Optional.h>
+#include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 namespace c10d {

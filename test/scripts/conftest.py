@@ -4,14 +4,11 @@ import pathlib
 import subprocess
 
 import pytest
-import unidiff
 
 from torch_overlay import install as overlay, series
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
-# Files the series changes that the wheel does not ship.
-SOURCE_ONLY = (series.REDUCER_CPP, series.INIT_CPP)
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
 
 
@@ -27,15 +24,20 @@ WHEEL_ORIGINALS = _wheel_originals()
 
 
 def stand_in(path: str) -> str:
-    """A file with the lines the series' hunks expect to find in ``path``, and nothing else."""
-    hunks = []
-    for patch in series.patch_files(PATCHES):
-        for patched_file in unidiff.PatchSet.from_filename(str(patch), encoding="utf-8"):
-            if patched_file.path == path:
-                hunks.extend(patched_file)
-    assert hunks, f"the series does not change {path}"
-    pre_images = ["".join(line.value for line in hunk if not line.is_added) for hunk in hunks]
-    return "// stand-in\n".join(pre_images)
+    """A file with the lines of the base file that the series' hunks show, and nothing else.
+
+    Lines that are apart in the base file are kept apart by a marker line.
+    """
+    torch = overlay.Torch.find()
+    base_lines = series.read_series(PATCHES, torch.site_packages).base_lines[path]
+    assert base_lines, f"the series does not change {path}"
+    text, last = [], None
+    for number in sorted(base_lines):
+        if last is not None and number != last + 1:
+            text.append("// stand-in\n")
+        text.append(base_lines[number])
+        last = number
+    return "".join(text)
 
 
 def git(tree, *args):
@@ -49,7 +51,7 @@ def pytorch_tree(tmp_path):
     files = {
         "setup.py": "# stand-in\n",
         "version.txt": "2.1.0a0\n",
-        **{path: stand_in(path) for path in SOURCE_ONLY},
+        **{path: stand_in(path) for path in series.SOURCE_ONLY},
     }
     for installed, data in WHEEL_ORIGINALS.items():
         (tree / installed.removeprefix("torch/include/")).parent.mkdir(parents=True, exist_ok=True)

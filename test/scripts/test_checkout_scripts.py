@@ -1,17 +1,21 @@
 """scripts/apply, build and submit, run as a user would, against a stand-in PyTorch checkout."""
 
+import email.parser
 import os
 import pathlib
 import subprocess
 import sys
 
-from conftest import git, GIT, REPO
+from conftest import git, GIT, PATCHES, REPO
 
-SUBJECTS = [
-    "[c10d] Add Reducer::update_process_group() and Reducer::reset_state()",
-    "[DDP] Add DistributedDataParallel._update_process_group()",
-    "[DDP] Test DistributedDataParallel._update_process_group()",
-]
+
+def _subject(patch: pathlib.Path) -> str:
+    # Drop format-patch's "From <sha>" separator line and its "[PATCH n/m] " prefix.
+    headers = email.parser.Parser().parsestr(patch.read_text().split("\n", 1)[1], headersonly=True)
+    return " ".join(headers["Subject"].split()).split("] ", 1)[1]
+
+
+SUBJECTS = [_subject(p) for p in sorted(PATCHES.glob("*.patch"))]
 
 
 # git am records a committer; do not depend on the machine's git configuration.
@@ -42,7 +46,7 @@ def test_check_reports_and_changes_nothing(pytorch_tree):
     before = head(pytorch_tree)
     result = script("apply", pytorch_tree, "--check")
     assert result.returncode == 0, result.stderr
-    assert "the 3 patches apply cleanly to HEAD (version 2.1.0a0)" in result.stdout
+    assert f"the {len(SUBJECTS)} patches apply cleanly to HEAD (version 2.1.0a0)" in result.stdout
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
 
 
@@ -51,7 +55,7 @@ def test_apply_makes_the_series_commits_on_a_branch(pytorch_tree):
     assert result.returncode == 0, result.stderr
     assert "applied: " in result.stdout
     assert git(pytorch_tree, "rev-parse", "--abbrev-ref", "HEAD").strip() == "ddp-update-process-group"
-    log = git(pytorch_tree, "log", "--format=%s|%an", "-3", "--reverse").splitlines()
+    log = git(pytorch_tree, "log", "--format=%s|%an", f"-{len(SUBJECTS)}", "--reverse").splitlines()
     assert [line.split("|")[0] for line in log] == SUBJECTS
     assert all(line.endswith("|DDP update_process_group maintainers") for line in log)
     assert "void Reducer::reset_state() {" in (pytorch_tree / "torch/csrc/distributed/c10d/reducer.cpp").read_text()
@@ -179,7 +183,7 @@ def test_submit_dry_run_lists_the_stack(pytorch_tree):
     result = script("submit", pytorch_tree, "--dry-run")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "3 commits on ddp-update-process-group" in out
+    assert f"{len(SUBJECTS)} commits on ddp-update-process-group" in out
     for subject in SUBJECTS:
         assert subject in out
     assert "      torch/csrc/distributed/c10d/reducer.cpp" in out

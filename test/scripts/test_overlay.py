@@ -78,12 +78,12 @@ def site_state(site):
 def test_series_roles(site):
     s = series.read_series(PATCHES, site)
     assert sorted(series.installed_path(p) for p in s.applied) == sorted(ORIGINALS)
-    assert s.fragments and all(f.path == series.REDUCER_CPP for f in s.fragments)
+    assert s.fragments and {f.path for f in s.fragments} == set(series.COMPILED)
     assert "void Reducer::reset_state() {" in "".join(f.text for f in s.fragments)
 
 
-def make_patch(tmp_path, path, before, after):
-    """A real ``git format-patch`` of changing ``path`` from ``before`` to ``after``."""
+def make_patch(tmp_path, path, before, *afters):
+    """A real ``git format-patch`` series that changes ``path`` from ``before`` to each of ``afters`` in turn."""
     work = tmp_path / "scratch"
     work.mkdir()
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
@@ -92,17 +92,40 @@ def make_patch(tmp_path, path, before, after):
     (work / path).write_text(before)
     subprocess.run(git + ["add", "-A"], cwd=work, check=True)
     subprocess.run(git + ["commit", "-qm", "base"], cwd=work, check=True)
-    (work / path).write_text(after)
-    subprocess.run(git + ["commit", "-qam", "change"], cwd=work, check=True)
+    for n, after in enumerate(afters):
+        (work / path).write_text(after)
+        subprocess.run(git + ["commit", "-qam", f"change {n}"], cwd=work, check=True)
     out = tmp_path / "patches"
-    subprocess.run(git + ["format-patch", "-q", "-1", "-o", str(out)], cwd=work, check=True)
+    subprocess.run(git + ["format-patch", "-q", f"-{len(afters)}", "-o", str(out)], cwd=work, check=True)
     return out
 
 
 def test_removing_reducer_cpp_lines_is_refused(tmp_path, site):
     patches = make_patch(tmp_path, series.REDUCER_CPP, "a\nb\nc\n", "a\nc\nd\n")
-    with pytest.raises(series.SeriesError, match="removes 1 line.*keep C\\+\\+ changes additive"):
+    with pytest.raises(series.SeriesError, match="removes line 2, a line of the base file.*keep C\\+\\+ changes additive"):
         series.read_series(patches, site)
+
+
+BASE_LINES = "".join(f"base {n}\n" for n in range(1, 21))
+
+
+def test_later_patch_may_change_what_an_earlier_one_added(tmp_path, site):
+    first = BASE_LINES.replace("base 10\n", "base 10\nvoid f() {\n  old();\n}\n")
+    second = first.replace("  old();\n", "  new_a();\n  new_b();\n").replace("base 2\n", "base 2\nint g;\n")
+    s = series.read_series(make_patch(tmp_path, series.LOGGER_CPP, BASE_LINES, first, second), site)
+    assert [(f.patch[:4], f.first_line, f.text) for f in s.fragments] == [
+        ("0002", 3, "int g;\n"),
+        ("0001", 12, "void f() {\n"),
+        ("0002", 13, "  new_a();\n  new_b();\n"),
+        ("0001", 15, "}\n"),
+    ]
+
+
+def test_later_patch_removing_a_base_line_is_refused(tmp_path, site):
+    first = BASE_LINES.replace("base 10\n", "base 10\nvoid f() {}\n")
+    second = first.replace("base 11\n", "")
+    with pytest.raises(series.SeriesError, match="0002.*removes line 12, a line of the base file"):
+        series.read_series(make_patch(tmp_path, series.REDUCER_CPP, BASE_LINES, first, second), site)
 
 
 def test_file_the_overlay_cannot_carry_is_refused(tmp_path, site):
@@ -144,7 +167,7 @@ def test_install_status_uninstall(repo, site, torch_dist, capsys):
     overlay.install(repo, torch_dist, build)
     assert build.calls == 1
     distributed = (site / "torch/nn/parallel/distributed.py").read_text()
-    assert "def _update_process_group(self, new_process_group):" in distributed
+    assert "    def _update_process_group(\n" in distributed
     assert "void reset_state();" in (site / "torch/include/torch/csrc/distributed/c10d/reducer.hpp").read_text()
     assert (site / (overlay.PACKAGE + ".pth")).read_text() == f"import {overlay.PACKAGE}\n"
     assert overlay.status(repo, torch_dist) == 0

@@ -8,7 +8,7 @@ For the series in patches/ (lintrunner passes the patch files):
 * NOISE: no hunk only re-formats a line, and no added line has trailing
   whitespace or tabs;
 * APPLY: the series applies to the wheel's base files where the wheel has them,
-  and the overlay can carry it (reducer.cpp hunks additive, bindings.cpp binding
+  and the overlay can carry it (reducer.cpp and logger.cpp hunks additive, bindings.cpp binding
   exactly what the init.cpp hunks bind);
 * AGREE: test/distributed holds exactly what the series adds there;
 * FLAKE8 / CLANGFORMAT: the Python and C++ the series adds, checked in place in
@@ -33,11 +33,14 @@ from torch_overlay import install as overlay, series  # noqa: E402
 CODE = "PATCHES"
 UPSTREAM_REF = re.compile(r"^Upstream-Ref: https://github\.com/pytorch/pytorch/pull/\d+$", re.M)
 SUBJECT = re.compile(r"^\[PATCH(?: \d+/\d+)?\] \[(?P<area>[^\]]+)\] (?P<title>\S.*)$")
-# What each subject area may touch. A "[DDP] Test ..." patch holds tests only.
+# What each subject area may touch. A "[DDP] Test ..." patch holds tests only; a
+# [DDP] change may reach into the reducer it runs on, and brings its tests along.
+C10D = ("torch/csrc/distributed/c10d/", "torch/_C/_distributed_c10d.pyi")
+TESTS = ("test/distributed/",)
 SCOPES: Dict[str, Tuple[str, ...]] = {
-    "c10d": ("torch/csrc/distributed/c10d/", "torch/_C/_distributed_c10d.pyi"),
-    "DDP": ("torch/nn/parallel/", "torch/distributed/"),
-    "DDP test": ("test/distributed/",),
+    "c10d": C10D + TESTS,
+    "DDP": ("torch/nn/parallel/", "torch/distributed/") + C10D + TESTS,
+    "DDP test": TESTS,
 }
 
 
@@ -148,7 +151,7 @@ def lint_added_code(tree: pathlib.Path, patches: series.Series, patch_sets) -> L
         found.append(
             LintMessage(
                 "patches", None, None, CODE, "error", "clang-format",
-                f"the lines the series adds to {series.REDUCER_CPP} are not in PyTorch's clang-format style",
+                f"the lines the series adds to {' and '.join(series.COMPILED)} are not in PyTorch's clang-format style",
             )
         )
     return found
