@@ -1,0 +1,55 @@
+"""scripts/mutants' own logic: where a mutant's replacements land, and that every mutant fits the series."""
+
+import importlib.machinery
+import importlib.util
+import sys
+
+import pytest
+
+from conftest import PATCHES, REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+_loader = importlib.machinery.SourceFileLoader("mutants", str(REPO / "scripts" / "mutants"))
+_spec = importlib.util.spec_from_loader("mutants", _loader)
+assert _spec is not None
+mutants = importlib.util.module_from_spec(_spec)
+_loader.exec_module(mutants)
+
+FIRST = """\
+@@ -1,2 +1,3 @@
+ a
++    x = 1
+ b
+"""
+LATER = """\
+@@ -1,3 +1,4 @@
+ a
+     x = 1
++    y = 2
+ b
+"""
+
+
+def test_replacement_reaches_later_patches_that_show_the_line(tmp_path):
+    (tmp_path / "0001-first.patch").write_text(FIRST)
+    (tmp_path / "0002-later.patch").write_text(LATER)
+    mutants.mutate(tmp_path, {"name": "m", "patch": "0001", "replace": [["    x = 1", "    x = 0"]]})
+    assert "+    x = 0\n" in (tmp_path / "0001-first.patch").read_text()
+    assert "\n     x = 0\n+    y = 2\n" in (tmp_path / "0002-later.patch").read_text()
+
+
+def test_replacement_of_a_line_the_patch_does_not_add_is_refused(tmp_path):
+    (tmp_path / "0001-first.patch").write_text(FIRST)
+    with pytest.raises(SystemExit):
+        mutants.mutate(tmp_path, {"name": "m", "patch": "0001", "replace": [["a", "z"]]})
+
+
+@pytest.mark.parametrize("mutant", mutants.load(mutants.MUTANTS), ids=lambda m: m["name"])
+def test_every_mutant_fits_the_series(mutant):
+    assert ("kills" in mutant) != ("survives" in mutant), "a mutant says either what kills it or why it survives"
+    assert ("survives" in mutant) == ("runs" in mutant), "a survivor says which tests exercise it"
+    patch = sorted(PATCHES.glob(mutant["patch"] + "-*.patch"))
+    assert len(patch) == 1
+    added = patch[0].read_text().split("\n")
+    for old, _ in mutant["replace"]:
+        assert added.count("+" + old) == 1, f"{patch[0].name} does not add {old!r} exactly once"
