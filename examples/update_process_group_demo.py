@@ -69,11 +69,9 @@ def worker(rank, store_path, backend, steps):
     warm = None
     for phase, members, group in phases:
         if group is not None:
-            ddp._update_process_group(group)
-        if phase == "expand":
-            # Ranks 2 and 3 trained apart from 0 and 1, so give everyone one set of weights.
-            for p in module.parameters():
-                dist.broadcast(p.data, src=0)
+            # Ranks 2 and 3 trained apart from 0 and 1, so on expanding everyone gets
+            # the weights of the new group's rank 0.
+            ddp._update_process_group(group, sync_module_states=phase == "expand")
         if rank not in members:
             continue
         checked = 0
