@@ -1,0 +1,97 @@
+"""examples/elastic_ddp.py, run as a user would: real processes, SIGKILL, Gloo over TCP, a TCPStore.
+
+These run with the eager torch.compile backend, to keep them short; the example's default is
+inductor. Each case checks the launcher's summary: the step every run must reach, faults
+survived, and zero steps lost, recompiles and parameter divergences.
+"""
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "elastic_ddp.py"
+
+
+def launch(*args, timeout=240):
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--backend", "eager", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return result.returncode, result.stdout
+
+
+def summary(out):
+    match = re.search(
+        r"faults survived (\d+), steps lost (\d+), recompiles (\d+), parameter divergences (\d+); "
+        r"last step completed (\d+) of (\d+)",
+        out,
+    )
+    assert match, out[-3000:]
+    return tuple(int(x) for x in match.groups())
+
+
+# Killed before its optimizer step, the victim's gradients of step 4 were already reduced, so
+# the survivors complete step 4 and go on from step 5; killed earlier, step 4 is done again.
+@pytest.mark.parametrize("phase, resume", [("forward", 4), ("backward", 4), ("optimizer", 5)])
+def test_killed_rank_then_a_new_one(phase, resume):
+    # Half a second a step gives the new worker 10 s to start and compile before the end.
+    rc, out = launch("--workers", "3", "--steps", "28", "--kill", f"2:4:{phase}", "--rejoin", "7", "--step-time", "0.5")
+    assert rc == 0, out[-3000:]
+    assert summary(out) == (1, 0, 0, 0, 27, 27)
+    assert f"lost [2]; members [0, 1], state from 0, from step {resume}" in out
+    assert re.search(r"grow; members \[0, 1, 3\], state from [01], from step \d+", out), out[-3000:]
+
+
+def test_random_kills_and_rejoins():
+    rc, out = launch("--workers", "4", "--steps", "30", "--chaos", "2", "--seed", "0")
+    assert rc == 0, out[-3000:]
+    assert summary(out) == (2, 0, 0, 0, 29, 29)
+    assert out.count("chaos: SIGKILL worker") == 2
+
+
+def test_store_gone():
+    rc, out = launch("--workers", "2", "--steps", "30", "--stop-store-at", "3")
+    assert rc == 0, out[-3000:]
+    assert len(re.findall(r"error: the store at \S+ is gone .*; exiting", out)) == 2
+    assert "exit codes {0: 4, 1: 4}" in out
+
+
+def test_worker_that_cannot_rejoin():
+    # Training ends before the new worker has even started, so no generation takes it in.
+    rc, out = launch("--workers", "2", "--steps", "6", "--rejoin", "3", "--step-time", "0")
+    assert rc == 0, out[-3000:]
+    assert "[worker 2] error: cannot rejoin: training finished before a generation took worker 2 in; exiting" in out
+    assert summary(out) == (0, 0, 0, 0, 5, 5)
+
+
+def test_bad_kill_argument():
+    result = subprocess.run([sys.executable, str(EXAMPLE), "--kill", "1:x:backward"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "--kill '1:x:backward': expected UID:STEP:PHASE" in result.stderr
+
+
+def _network_namespaces_work():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    probe = subprocess.run(["ip", "netns", "add", "ddp-probe"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", "ddp-probe"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _network_namespaces_work(), reason="needs root, iproute2 and network namespaces")
+def test_host_cut_off_in_network_namespaces():
+    # The cut host's collectives time out (10 s), and its worker exits once the store has
+    # not answered for 30 s; the others go on without it.
+    rc, out = launch("--netns", "--workers", "3", "--steps", "40", "--cut", "2:5")
+    assert rc == 0, out[-3000:]
+    assert "cut host 2 off the network after step 5" in out
+    assert re.search(r"lost \[2\]; members \[0, 1\], state from 0, from step [67]", out), out[-3000:]
+    assert "[worker 2] error: the store at 10.57.0.254" in out
+    assert summary(out) == (1, 0, 0, 0, 39, 39)
