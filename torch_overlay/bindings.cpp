@@ -12,8 +12,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::object reducer =
-      py::module::import("torch._C._distributed_c10d").attr("Reducer");
+  py::module c10d = py::module::import("torch._C._distributed_c10d");
+  py::object reducer = c10d.attr("Reducer");
   reducer.attr("_reset_state") = py::cpp_function(
       &::c10d::Reducer::reset_state,
       py::name("_reset_state"),
@@ -31,8 +31,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::is_method(reducer),
       py::call_guard<py::gil_scoped_release>());
 
-  py::object logger =
-      py::module::import("torch._C._distributed_c10d").attr("Logger");
+  py::object logger = c10d.attr("Logger");
   logger.attr("_set_process_group_data") = py::cpp_function(
       &::c10d::Logger::set_process_group_data,
       py::name("_set_process_group_data"),
