@@ -143,38 +143,67 @@ def wait_for_plan(store, uid: int, generation: int, deadline_s: float) -> Plan:
     raise NotAdmitted(f"no generation took worker {uid} in within {deadline_s:.0f} s")
 
 
+class Heartbeat:
+    """Beats into the store from a thread of its own, and ends the process if the store goes silent.
+
+    The thread must be stopped before the interpreter finalizes: CPython ends a daemon thread
+    that is inside a TCPStore call then with pthread_exit, whose unwinding through pybind11's
+    noexcept GIL guard aborts the process ("terminate called without an active exception").
+    """
+
+    def __init__(self, store, uid: int, address: str):
+        self.store, self.uid, self.address = store, uid, address
+        self.last = time.monotonic()
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self.beat), threading.Thread(target=self.watch)]
+        for thread in self.threads:
+            thread.start()
+
+    def beat(self):
+        while not self.stopped.is_set():
+            try:
+                self.store.set(f"hb/{self.uid}", str(int(time.time() * 1000)))
+                self.store.add(f"beats/{self.uid}", 1)  # set() does not wait for the store's answer; add() does
+            except RuntimeError:
+                return
+            self.last = time.monotonic()
+            self.stopped.wait(HEARTBEAT_S)
+
+    def watch(self):
+        # A store op on a host cut off from the network may block for much longer than the
+        # store's timeout; the heartbeat going silent tells.
+        while time.monotonic() - self.last < STORE_TIMEOUT_S:
+            if self.stopped.wait(HEARTBEAT_S):
+                return
+        print(
+            f"[worker {self.uid}] error: the store at {self.address} has not answered for "
+            f"{STORE_TIMEOUT_S:.0f} s; exiting",
+            flush=True,
+        )
+        os._exit(EXIT_STORE_GONE)
+
+    def stop(self):
+        """Returns once neither thread runs; a store op under way ends within the store's timeout."""
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+
+
 def worker(args) -> int:
     uid = args.uid
     timeout = datetime.timedelta(seconds=STORE_TIMEOUT_S)
     store = dist.TCPStore(args.host, args.port, is_master=False, timeout=timeout)
     beat = dist.TCPStore(args.host, args.port, is_master=False, timeout=timeout)
 
-    last_beat = [time.monotonic()]
+    heartbeat = Heartbeat(beat, uid, f"{args.host}:{args.port}")
+    try:
+        return train(args, store)
+    finally:
+        heartbeat.stop()
 
-    def heartbeat():
-        while True:
-            try:
-                beat.set(f"hb/{uid}", str(int(time.time() * 1000)))
-                beat.add(f"beats/{uid}", 1)  # set() does not wait for the store's answer; add() does
-            except RuntimeError:
-                return
-            last_beat[0] = time.monotonic()
-            time.sleep(HEARTBEAT_S)
 
-    def watchdog():
-        # A store op on a host cut off from the network may block for much longer than the
-        # store's timeout; the heartbeat going silent tells.
-        while time.monotonic() - last_beat[0] < STORE_TIMEOUT_S:
-            time.sleep(HEARTBEAT_S)
-        print(
-            f"[worker {uid}] error: the store at {args.host}:{args.port} has not answered for "
-            f"{STORE_TIMEOUT_S:.0f} s; exiting",
-            flush=True,
-        )
-        os._exit(EXIT_STORE_GONE)
-
-    threading.Thread(target=heartbeat, daemon=True).start()
-    threading.Thread(target=watchdog, daemon=True).start()
+def train(args, store) -> int:
+    uid = args.uid
     kill: Optional[tuple] = None
     for spec in args.kill:
         who, step, phase = spec.split(":")
@@ -360,6 +389,13 @@ class Launcher:
         """The last step that worker ``uid`` completed, -1 for none."""
         return counter(self.store, f"done/{uid}") - 1
 
+    def progress(self) -> int:
+        """The last step that a member completed, -1 for none."""
+        return max([self.done(u) for u in self.members] + [-1])
+
+    def finished(self) -> bool:
+        return self.progress() >= self.args.steps - 1
+
     def alive(self, uid: int) -> bool:
         return time.time() * 1000 - counter(self.store, f"hb/{uid}") < 4000 * HEARTBEAT_S
 
@@ -408,7 +444,7 @@ class Launcher:
         while any(p.poll() is None for p in self.procs.values()):
             time.sleep(0.2)
             gen = self.generation
-            progress = max([self.done(u) for u in self.members] + [-1])
+            progress = self.progress()
             if self.failures(gen):
                 # Wait until every worker that is alive has left its failed collectives,
                 # which a group's timeout bounds.
@@ -425,7 +461,11 @@ class Launcher:
                     return 1
                 self.publish(survivors + joining, f"lost {lost}")
                 continue
-            if progress >= args.steps - 1:
+            if rejoins and progress >= rejoins[0]:
+                # Also once training has finished, when the new worker must exit as not admitted.
+                rejoins.pop(0)
+                self.start_worker()
+            if self.finished():
                 self.store.add("finished", 1)
                 continue
             if args.stop_store_at is not None and progress >= args.stop_store_at:
@@ -445,21 +485,19 @@ class Launcher:
                 self.killed.add(victim)
                 print(f"[launcher] chaos: SIGKILL worker {victim} after step {progress}", flush=True)
                 rejoins.append(progress + rng.randint(2, 4))
-            if rejoins and progress >= rejoins[0]:
-                rejoins.pop(0)
-                self.start_worker()
             if counter(self.store, "join/n") > self.joined:
                 # A new worker registered, compiled: the members stop at a step boundary
-                # two steps on, which none of them can have passed yet.
+                # two steps on, which none of them can have passed yet, unless training
+                # ends first; then the new worker is not admitted.
                 self.store.set(f"gen/{gen}/stop_after", str(progress + 2 + 1))
                 while counter(self.store, f"gen/{gen}/stopped") < len(self.members):
-                    if self.failures(gen):
+                    if self.failures(gen) or self.finished():
                         break
                     time.sleep(0.1)
                 else:
                     self.publish(self.members + self.joiners(), "grow")
         codes = {u: p.wait() for u, p in self.procs.items()}
-        final = max(self.done(u) for u in self.members)
+        final = self.progress()
         recompiles = sum(counter(self.store, f"recompiles/{u}") for u in self.procs)
         diverged = sum(counter(self.store, f"diverged/{u}") for u in self.procs)
         print("[launcher] " + "\n[launcher] ".join(self.summary), flush=True)

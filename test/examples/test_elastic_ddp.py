@@ -50,10 +50,12 @@ def test_killed_rank_then_a_new_one(phase, resume):
 
 
 def test_random_kills_and_rejoins():
-    rc, out = launch("--workers", "4", "--steps", "30", "--chaos", "2", "--seed", "0")
+    # Half a second a step leaves the new workers time to start and compile before the end.
+    rc, out = launch("--workers", "4", "--steps", "30", "--chaos", "2", "--seed", "0", "--step-time", "0.5")
     assert rc == 0, out[-3000:]
     assert summary(out) == (2, 0, 0, 0, 29, 29)
     assert out.count("chaos: SIGKILL worker") == 2
+    assert "grow; members" in out, out[-3000:]
 
 
 def test_store_gone():
@@ -69,6 +71,34 @@ def test_worker_that_cannot_rejoin():
     assert rc == 0, out[-3000:]
     assert "[worker 2] error: cannot rejoin: training finished before a generation took worker 2 in; exiting" in out
     assert summary(out) == (0, 0, 0, 0, 5, 5)
+
+
+HEARTBEAT_THEN_EXIT = """
+import datetime, importlib.util, sys, time
+import torch.distributed as dist
+spec = importlib.util.spec_from_file_location("elastic_ddp", sys.argv[1])
+example = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(example)
+example.HEARTBEAT_S = 0  # beat back to back, so that the thread is inside a store call at exit
+master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+client = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=30))
+heartbeat = example.Heartbeat(client, 0, "127.0.0.1")
+time.sleep(0.2)
+heartbeat.stop()
+beats = master.add("beats/0", 0)
+time.sleep(0.2)
+assert beats > 0 and master.add("beats/0", 0) == beats, "the heartbeat did not beat, or beat on after stop()"
+"""
+
+
+def test_worker_exits_cleanly_after_its_heartbeat():
+    # A thread still inside a TCPStore call while the interpreter finalizes aborts the process
+    # (exit code -6), which made a worker that had finished training fail at random.
+    for _ in range(3):
+        result = subprocess.run(
+            [sys.executable, "-c", HEARTBEAT_THEN_EXIT, str(EXAMPLE)], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_bad_kill_argument():
