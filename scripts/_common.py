@@ -9,8 +9,12 @@ from typing import List, NoReturn, Optional, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_VENV = REPO / ".venv"
-# The overlay venv: torch 2.1.2 and the test tools, and the linters.
-REQUIREMENTS = (REPO / "torch_overlay" / "requirements.txt", REPO / "requirements-lint.txt")
+# The overlay venv: torch 2.1.2 and the test tools, the linters, and what the benchmarks plot with.
+REQUIREMENTS = (
+    REPO / "torch_overlay" / "requirements.txt",
+    REPO / "requirements-lint.txt",
+    REPO / "benchmarks" / "requirements.txt",
+)
 
 sys.path.insert(0, str(REPO))
 from torch_overlay import versions  # noqa: E402

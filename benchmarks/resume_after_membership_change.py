@@ -1,0 +1,412 @@
+"""Time to resume training after a membership change: _update_process_group against what users do today.
+
+For each world size and model size, a launcher starts one process per rank (Gloo on CPU, a
+TCPStore it hosts). Each rank builds a transformer, wraps it in DistributedDataParallel,
+compiles it, trains a few steps, and measures the steady-state step. Then, in the same
+processes, it goes through a membership change again and again, each path in turn:
+
+  a       destroy and init the default group; ddp._update_process_group(WORLD); first step
+  a_sync  the same with sync_module_states=True, as a rank that joins needs
+  b       destroy and init the group; wrap the same module in a new DDP, torch.compile it
+          again; first step (what users of torch 2.1 do today)
+  d       like b, but with the module rebuilt from its state dict: new module objects, and a
+          new optimizer loaded from the old one's state
+
+and afterwards, in new processes:
+
+  c       what TorchElastic does: restart the workers. From the moment the launcher starts
+          them: import torch, build the model, load the checkpoint (model and optimizer),
+          init the group, wrap, compile, first step.
+
+The change keeps the same ranks (a new group of the same members, as after a lost rank was
+replaced), so that every path does the same collective work. Times are wall clock, the slowest
+rank's; the ratios b/a, c/a and d/a compare paths measured in one run on one machine.
+Reported per path: time to resume, the latency of the _update_process_group call itself, the
+first step after the change against the steady-state step, graphs compiled (torch._dynamo's
+unique_graphs), and peak RSS (VmHWM, reset before each path with /proc/self/clear_refs).
+
+Writes a table to stdout, and resume_after_membership_change.json and .png to --out.
+Needs torch with the series (the overlay venv: scripts/benchmark runs it there).
+"""
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import torch
+import torch._dynamo
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+IN_PROCESS_PATHS = ("a", "a_sync", "b", "d")
+PATHS = ("a", "a_sync", "b", "c", "d")
+VOCAB = 1024
+SEQUENCE = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSize:
+    """A TransformerEncoder language model; every size has the same graph, only wider."""
+
+    name: str
+    dim: int
+    layers: int = 4
+    heads: int = 8
+
+
+# About 1M, 10M and 100M parameters; "tiny" is for the benchmark's own test.
+SIZES = {
+    s.name: s
+    for s in (
+        ModelSize("tiny", dim=32, layers=1, heads=4),
+        ModelSize("1M", dim=128),
+        ModelSize("10M", dim=448),
+        ModelSize("100M", dim=1408),
+    )
+}
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, size: ModelSize):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, size.dim)
+        layer = nn.TransformerEncoderLayer(
+            size.dim, size.heads, dim_feedforward=4 * size.dim, dropout=0.0, batch_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, num_layers=size.layers, enable_nested_tensor=False)
+        self.head = nn.Linear(size.dim, VOCAB)
+
+    def forward(self, tokens):
+        return self.head(self.blocks(self.embed(tokens)))
+
+
+# The ranks
+
+
+def compiled_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) / 1024
+
+
+class Rank:
+    """One rank's model, DDP module, compiled module and optimizer, and how to train a step."""
+
+    def __init__(self, args, store):
+        self.args, self.store = args, store
+        self.generation = 0
+        torch.manual_seed(0)
+        self.module = LanguageModel(SIZES[args.size])
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.step_index = 0
+
+    def init_group(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.generation += 1
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"{self.args.session}/{self.args.role}/{self.generation}", self.store),
+            rank=self.args.rank,
+            world_size=self.args.world,
+        )
+
+    def wrap(self) -> None:
+        self.ddp = DistributedDataParallel(self.module)
+        self.compiled = torch.compile(self.ddp, backend=self.args.backend)
+
+    def new_optimizer(self, state=None) -> None:
+        self.optimizer = torch.optim.Adam(self.module.parameters(), lr=1e-4)
+        if state is not None:
+            self.optimizer.load_state_dict(state)
+
+    def step(self) -> float:
+        """One training step; returns its wall time in seconds."""
+        gen = torch.Generator().manual_seed(1000 * self.step_index + self.args.rank)
+        tokens = torch.randint(0, VOCAB, (2, SEQUENCE + 1), generator=gen)
+        start = time.perf_counter()
+        logits = self.compiled(tokens[:, :-1])
+        self.loss_fn(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_index += 1
+        return time.perf_counter() - start
+
+    def change(self, path: str) -> dict:
+        """Goes through a membership change by ``path``, up to the end of the first step."""
+        dist.barrier()
+        reset_peak_rss()
+        graphs = compiled_graphs()
+        start = time.perf_counter()
+        self.init_group()
+        call_s = None
+        if path in ("a", "a_sync"):
+            call_start = time.perf_counter()
+            self.ddp._update_process_group(dist.group.WORLD, sync_module_states=path == "a_sync")
+            call_s = time.perf_counter() - call_start
+        elif path == "b":
+            self.wrap()
+        elif path == "d":
+            state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
+            self.module = LanguageModel(SIZES[self.args.size])
+            self.module.load_state_dict(state)
+            self.wrap()
+            self.new_optimizer(optimizer_state)
+        first_step_s = self.step()
+        resume_s = time.perf_counter() - start
+        return {
+            "resume_s": resume_s,
+            "call_s": call_s,
+            "first_step_s": first_step_s,
+            "graphs_compiled": compiled_graphs() - graphs,
+            "peak_rss_mb": peak_rss_mb(),
+        }
+
+
+def run_rank(args) -> dict:
+    """The in-process paths: warm up, measure the steady state, then change again and again."""
+    store = dist.TCPStore(args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=600))
+    rank = Rank(args, store)
+    rank.init_group()
+    rank.wrap()
+    rank.new_optimizer()
+    for _ in range(args.warmup):
+        rank.step()
+    steady = statistics.median(rank.step() for _ in range(args.steady_steps))
+    changes: Dict[str, List[dict]] = {path: [] for path in IN_PROCESS_PATHS}
+    for repeat in range(args.repeats):
+        for path in IN_PROCESS_PATHS:
+            changes[path].append(rank.change(path))
+            if args.rank == 0:
+                print(f"    repeat {repeat + 1}/{args.repeats}: {path:6s} {changes[path][-1]['resume_s']:8.3f} s", flush=True)
+            # Back to the steady state (the buckets are rebuilt after the first step) before the next path.
+            for _ in range(2):
+                rank.step()
+    if args.rank == 0:
+        torch.save({"model": rank.module.state_dict(), "optimizer": rank.optimizer.state_dict()}, args.checkpoint)
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"steady_step_s": steady, "changes": changes}
+
+
+def run_restarted_rank(args) -> dict:
+    """Path c, in a process the launcher started at args.started (time.time())."""
+    store = dist.TCPStore(args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=600))
+    rank = Rank(args, store)
+    checkpoint = torch.load(args.checkpoint)
+    rank.module.load_state_dict(checkpoint["model"])
+    rank.init_group()
+    rank.wrap()
+    rank.new_optimizer(checkpoint["optimizer"])
+    first_step_s = rank.step()
+    resume_s = time.time() - args.started
+    result = {
+        "resume_s": resume_s,
+        "call_s": None,
+        "first_step_s": first_step_s,
+        "graphs_compiled": compiled_graphs(),
+        "peak_rss_mb": peak_rss_mb(),
+    }
+    dist.destroy_process_group()
+    return result
+
+
+# The launcher
+
+
+class ConfigurationFailed(Exception):
+    pass
+
+
+def launch(args, role: str, session: str, store, checkpoint: str) -> List[dict]:
+    """Starts args.world ranks in ``role``, waits for them, and returns their results by rank."""
+    started = time.time()
+    procs = []
+    for rank in range(args.world):
+        cmd = [sys.executable, __file__, "--role", role, "--rank", str(rank), "--world", str(args.world)]
+        cmd += ["--size", args.size, "--backend", args.backend, "--port", str(store.port)]
+        cmd += ["--session", session, "--checkpoint", checkpoint, "--started", repr(started)]
+        cmd += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--steady-steps", str(args.steady_steps)]
+        procs.append(subprocess.Popen(cmd))
+    try:
+        # The others would wait in a collective for a rank that failed (out of memory, say).
+        while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise ConfigurationFailed(f"{role} ranks exited with {codes} (-9: killed, out of memory for one)")
+    return [json.loads(store.get(f"{session}/{role}/result/{rank}")) for rank in range(args.world)]
+
+
+def summarize(per_rank: List[List[dict]]) -> dict:
+    """One path's repeats on every rank: the slowest rank of each repeat, then the median repeat."""
+
+    def median(key, pick=max):
+        values = [pick(r[i][key] for r in per_rank) for i in range(len(per_rank[0]))]
+        return statistics.median(values)
+
+    calls = [c["call_s"] for r in per_rank for c in r if c["call_s"] is not None]
+    return {
+        "resume_s": median("resume_s"),
+        "call_us": statistics.median(calls) * 1e6 if calls else None,
+        "first_step_s": median("first_step_s"),
+        "graphs_compiled": median("graphs_compiled"),
+        "peak_rss_mb": median("peak_rss_mb"),
+        "repeats": len(per_rank[0]),
+    }
+
+
+def measure(args, store) -> dict:
+    """Every path for args.world and args.size."""
+    session = f"w{args.world}-{args.size}"
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = os.path.join(tmp, "checkpoint.pt")
+        ranks = launch(args, "rank", session, store, checkpoint)
+        paths = {p: summarize([r["changes"][p] for r in ranks]) for p in IN_PROCESS_PATHS}
+        restarts = []
+        for restart in range(args.restarts):
+            restarts.append(launch(args, "restarted", f"{session}-{restart}", store, checkpoint))
+            slowest = max(r["resume_s"] for r in restarts[-1])
+            print(f"    restart {restart + 1}/{args.restarts}: c      {slowest:8.3f} s", flush=True)
+        paths["c"] = summarize([[restarts[i][rank] for i in range(len(restarts))] for rank in range(args.world)])
+    steady = max(r["steady_step_s"] for r in ranks)
+    for path in paths.values():
+        path["first_step_over_steady"] = path["first_step_s"] / steady
+        path["over_a"] = path["resume_s"] / paths["a"]["resume_s"]
+    params = sum(p.numel() for p in LanguageModel(SIZES[args.size]).parameters())
+    return {"world": args.world, "size": args.size, "parameters": params, "steady_step_s": steady, "paths": paths}
+
+
+def table(results: List[dict]) -> str:
+    lines = [
+        f"{'world':>5} {'params':>7} {'path':6} {'resume s':>9} {'x a':>7} {'call us':>9} "
+        f"{'1st/steady':>10} {'graphs':>6} {'peak RSS MB':>11}"
+    ]
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['world']:5d} {r['size']:>7} failed: {r['error']}")
+            continue
+        for name in PATHS:
+            p = r["paths"][name]
+            call = f"{p['call_us']:9.0f}" if p["call_us"] is not None else f"{'':9}"
+            lines.append(
+                f"{r['world']:5d} {r['parameters'] / 1e6:6.1f}M {name:6} {p['resume_s']:9.3f} {p['over_a']:7.1f} "
+                f"{call} {p['first_step_over_steady']:10.2f} {p['graphs_compiled']:6.0f} {p['peak_rss_mb']:11.0f}"
+            )
+    return "\n".join(lines)
+
+
+def plot(results: List[dict], backend: str, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ratios, times) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for world in sorted({r["world"] for r in results}):
+        rows = sorted((r for r in results if r["world"] == world and "error" not in r), key=lambda r: r["parameters"])
+        params = [r["parameters"] for r in rows]
+        for name, marker in (("b", "o"), ("c", "s"), ("d", "^")):
+            ratios.plot(params, [r["paths"][name]["over_a"] for r in rows], marker=marker, label=f"{name}/a, {world} ranks")
+        for name in PATHS:
+            times.plot(params, [r["paths"][name]["resume_s"] for r in rows], marker="o", label=f"{name}, {world} ranks")
+    ratios.set(xscale="log", yscale="log", xlabel="parameters", ylabel="time to resume / time with a",
+               title="How much longer than _update_process_group (a)")
+    times.set(xscale="log", yscale="log", xlabel="parameters", ylabel="seconds",
+              title="Time to resume, to the end of the first step")
+    for ax in (ratios, times):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Gloo on CPU, torch {torch.__version__}, backend {backend}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["1M", "10M", "100M"],
+                        help="model sizes (default: 1M 10M 100M)")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: inductor)")
+    parser.add_argument("--repeats", type=int, default=3, help="changes by each in-process path (default: 3)")
+    parser.add_argument("--restarts", type=int, default=2, help="restarts for path c (default: 2)")
+    parser.add_argument("--warmup", type=int, default=3, help="steps before the steady state is measured")
+    parser.add_argument("--steady-steps", type=int, default=5, help="steps whose median is the steady state")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results",
+                        help="where the JSON file and the plot go (default: benchmarks/results)")
+    parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=("launcher", "rank", "restarted"), default="launcher", help=argparse.SUPPRESS)
+    for name in ("--rank", "--world", "--port"):
+        parser.add_argument(name, type=int, help=argparse.SUPPRESS)
+    for name in ("--size", "--session", "--checkpoint"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+    parser.add_argument("--started", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.role != "launcher":
+        # The ranks share the machine's cores.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world))
+        result = run_rank(args) if args.role == "rank" else run_restarted_rank(args)
+        store = dist.TCPStore(args.host, args.port, is_master=False)
+        store.set(f"{args.session}/{args.role}/result/{args.rank}", json.dumps(result))
+        return 0
+
+    if not hasattr(DistributedDataParallel, "_update_process_group"):
+        parser.error(f"torch {torch.__version__} has no DistributedDataParallel._update_process_group")
+    if args.repeats < 1 or args.restarts < 1:
+        parser.error("--repeats and --restarts must be at least 1")
+    store = dist.TCPStore(args.host, 0, is_master=True, wait_for_workers=False)
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "resume_after_membership_change.json"
+    report = {
+        "torch": torch.__version__,
+        "backend": args.backend,
+        "cpus": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "repeats": args.repeats,
+        "restarts": args.restarts,
+        "results": [],
+    }
+    configs = [(w, s) for w in args.worlds for s in args.sizes]
+    for i, (world, size) in enumerate(configs, 1):
+        print(f"[benchmark] {i}/{len(configs)}: {world} ranks, {size} parameters, backend {args.backend}", flush=True)
+        args.world, args.size = world, size
+        try:
+            report["results"].append(measure(args, store))
+        except ConfigurationFailed as e:
+            print(f"[benchmark] {world} ranks, {size} parameters: failed: {e}", flush=True)
+            report["results"].append({"world": world, "size": size, "error": str(e)})
+        # Written after every configuration, so that a long run keeps what it measured.
+        json_path.write_text(json.dumps(report, indent=1) + "\n")
+    print(table(report["results"]))
+    plot(report["results"], args.backend, args.out / "resume_after_membership_change.png")
+    print(f"[benchmark] wrote {json_path} and {json_path.with_suffix('.png')}")
+    failed = [r for r in report["results"] if "error" in r]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
