@@ -257,7 +257,7 @@ def launch(args, role: str, session: str, store, checkpoint: str) -> List[dict]:
                 p.kill()
     codes = [p.wait() for p in procs]
     if any(codes):
-        raise ConfigurationFailed(f"{role} ranks exited with {codes} (-9: killed, out of memory for one)")
+        raise ConfigurationFailed(f"the {role} processes exited with {codes}; -9 is a kill, as for lack of memory")
     return [json.loads(store.get(f"{session}/{role}/result/{rank}")) for rank in range(args.world)]
 
 
@@ -297,7 +297,15 @@ def measure(args, store) -> dict:
         path["first_step_over_steady"] = path["first_step_s"] / steady
         path["over_a"] = path["resume_s"] / paths["a"]["resume_s"]
     params = sum(p.numel() for p in LanguageModel(SIZES[args.size]).parameters())
-    return {"world": args.world, "size": args.size, "parameters": params, "steady_step_s": steady, "paths": paths}
+    return {
+        "world": args.world,
+        "size": args.size,
+        "parameters": params,
+        "repeats": args.repeats,
+        "restarts": args.restarts,
+        "steady_step_s": steady,
+        "paths": paths,
+    }
 
 
 def table(results: List[dict]) -> str:
@@ -355,6 +363,9 @@ def main() -> int:
     parser.add_argument("--restarts", type=int, default=2, help="restarts for path c (default: 2)")
     parser.add_argument("--warmup", type=int, default=3, help="steps before the steady state is measured")
     parser.add_argument("--steady-steps", type=int, default=5, help="steps whose median is the steady state")
+    parser.add_argument("--update", action="store_true",
+                        help="add to the JSON file in --out, replacing the configurations measured again, "
+                        "and plot them all (for a long run in parts)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results",
                         help="where the JSON file and the plot go (default: benchmarks/results)")
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -386,11 +397,14 @@ def main() -> int:
         "backend": args.backend,
         "cpus": os.cpu_count(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "repeats": args.repeats,
-        "restarts": args.restarts,
         "results": [],
     }
     configs = [(w, s) for w in args.worlds for s in args.sizes]
+    if args.update and json_path.exists():
+        earlier = json.loads(json_path.read_text())
+        if {k: v for k, v in earlier.items() if k != "results"} != {k: v for k, v in report.items() if k != "results"}:
+            parser.error(f"{json_path} was measured with another torch, backend or machine; --update cannot add to it")
+        report["results"] = [r for r in earlier["results"] if (r["world"], r["size"]) not in configs]
     for i, (world, size) in enumerate(configs, 1):
         print(f"[benchmark] {i}/{len(configs)}: {world} ranks, {size} parameters, backend {args.backend}", flush=True)
         args.world, args.size = world, size
@@ -400,6 +414,7 @@ def main() -> int:
             print(f"[benchmark] {world} ranks, {size} parameters: failed: {e}", flush=True)
             report["results"].append({"world": world, "size": size, "error": str(e)})
         # Written after every configuration, so that a long run keeps what it measured.
+        report["results"].sort(key=lambda r: (r["world"], list(SIZES).index(r["size"])))
         json_path.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report["results"]))
     plot(report["results"], args.backend, args.out / "resume_after_membership_change.png")

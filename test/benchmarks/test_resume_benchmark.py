@@ -8,6 +8,7 @@ which do not depend on the machine.
 import importlib.util
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -19,16 +20,20 @@ benchmark = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(benchmark)
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("benchmark")
-    result = subprocess.run(
-        [sys.executable, str(BENCHMARK), "--worlds", "2", "--sizes", "tiny", "--backend", "eager",
-         "--repeats", "2", "--restarts", "1", "--warmup", "1", "--steady-steps", "2", "--out", str(out)],
+def run_benchmark(out, *args):
+    return subprocess.run(
+        [sys.executable, str(BENCHMARK), "--sizes", "tiny", "--backend", "eager", "--restarts", "1",
+         "--warmup", "1", "--steady-steps", "2", "--out", str(out), *args],
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("benchmark")
+    result = run_benchmark(out, "--worlds", "2", "--repeats", "2")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, result.stdout, json.loads((out / "resume_after_membership_change.json").read_text())
 
@@ -36,7 +41,7 @@ def report(tmp_path_factory):
 def test_every_path_is_reported(report):
     out, stdout, data = report
     (row,) = data["results"]
-    assert (row["world"], row["size"], data["backend"], data["repeats"]) == (2, "tiny", "eager", 2)
+    assert (row["world"], row["size"], data["backend"], row["repeats"], row["restarts"]) == (2, "tiny", "eager", 2, 1)
     assert set(row["paths"]) == set(benchmark.PATHS)
     for name, path in row["paths"].items():
         assert path["resume_s"] > 0 and path["first_step_s"] > 0 and path["peak_rss_mb"] > 0, name
@@ -54,6 +59,20 @@ def test_what_compiles_again(report):
     _, _, data = report
     compiled = {name: path["graphs_compiled"] for name, path in data["results"][0]["paths"].items()}
     assert compiled == {"a": 0, "a_sync": 0, "b": 0, "c": 1, "d": 1}
+
+
+def test_update_adds_to_the_results_in_out(report, tmp_path):
+    out, _, data = report
+    shutil.copy(out / "resume_after_membership_change.json", tmp_path)
+    result = run_benchmark(tmp_path, "--update", "--worlds", "1", "--repeats", "1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    updated = json.loads((tmp_path / "resume_after_membership_change.json").read_text())
+    assert [(r["world"], r["repeats"]) for r in updated["results"]] == [(1, 1), (2, 2)]
+    assert updated["results"][1] == data["results"][0]
+    # Results of another backend are not mixed in.
+    result = run_benchmark(tmp_path, "--update", "--worlds", "1", "--backend", "aot_eager")
+    assert result.returncode == 2
+    assert "was measured with another torch, backend or machine; --update cannot add to it" in result.stderr
 
 
 def test_summarize_takes_the_slowest_rank_then_the_median_repeat():
