@@ -1,10 +1,11 @@
 """The lint adapters and the patch series linter find what they are for."""
 
+import subprocess
 import sys
 
 import unidiff
 
-from conftest import PATCHES, REPO
+from conftest import git, GIT, PATCHES, REPO
 
 sys.path.insert(0, str(REPO / "tools" / "linter"))
 import adapter  # noqa: E402
@@ -120,3 +121,73 @@ def test_text_checks(tmp_path, monkeypatch):
     assert names(adapter.text_checks("newlines", ["a.txt"])) == ["newline"]
     (tmp_path / "b.txt").write_text("fine\n")
     assert adapter.text_checks("newlines", ["b.txt"]) == []
+
+
+def test_ufmt_adapter(tmp_path, monkeypatch):
+    # PyTorch 2.1's settings: black's default line length (88), usort with torch first-party in torch/.
+    assert adapter.ufmt_format("x.py", "x = {'a':1}\n") == 'x = {"a": 1}\n'
+    long_call = "x = f(" + ", ".join(["argument"] * 9) + ")\n"
+    assert len(long_call) < 120 and adapter.ufmt_format("x.py", long_call).count("\n") == 11
+    imports = "import torch\nimport os\nimport numpy\n"
+    assert adapter.ufmt_format("torch/x.py", imports) == "import os\n\nimport numpy\n\nimport torch\n"
+    assert adapter.ufmt_format("test/x.py", imports) == "import os\n\nimport numpy\nimport torch\n"
+    assert adapter.ufmt_format("x.pyi", "def f(x: int) -> None:\n    ...\n") == "def f(x: int) -> None: ...\n"
+    monkeypatch.setattr(adapter, "REPO", tmp_path)
+    (tmp_path / "bad.py").write_text("x = {'a':1}\n")
+    (tmp_path / "good.py").write_text('x = {"a": 1}\n')
+    (tmp_path / "broken.py").write_text("def (:\n")
+    found = adapter.ufmt(["bad.py", "good.py", "broken.py"])
+    assert [(m.path, m.name) for m in found] == [("bad.py", "format"), ("broken.py", "command-failed")]
+    assert found[0].replacement == 'x = {"a": 1}\n'
+
+
+def test_ufmt_flags_a_line_the_patch_adds(tmp_path, monkeypatch):
+    monkeypatch.setattr(patch_series, "REPO", tmp_path)
+    path = "torch/nn/parallel/fake.py"
+    for new, expected in (("x = {'a':1}", ["ufmt"]), ('x = {"a": 1}', [])):
+        patch, text = fake(tmp_path, subject="[DDP] Add a thing", path=path, old="x = 1", new=new)
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(f"context\n{new}\ncontext\n")
+        found = patch_series.lint_ufmt(tmp_path, path, patch_series.added_lines({patch: unidiff.PatchSet(text)}, path))
+        assert names(found) == expected
+        if found:
+            assert found[0].line == text.splitlines().index(f"+{new}") + 1
+            assert found[0].description.startswith(f"{path}:2 is not formatted as PyTorch's UFMT linter")
+
+
+def test_ufmt_follows_added_lines_through_the_series_and_skips_upstream_lines(tmp_path, monkeypatch):
+    """Two patches to one file: the lines the first adds are checked where the second moves them."""
+    monkeypatch.setattr(patch_series, "REPO", tmp_path)
+    tree, path = tmp_path / "tree", "torch/nn/parallel/fake.py"
+    (tree / path).parent.mkdir(parents=True)
+    subprocess.run(GIT + ["init", "-q", str(tree)], check=True)
+    # Upstream's own line that black would change is not the series' business.
+    upstream = "import os\n\nUPSTREAM = {'kept':1}\n\n\ndef g():\n    return os\n"
+    steps = [
+        # 1: a black-unclean assignment, and a function without the two blank lines before it.
+        upstream + "def h():\n    return {'a':1}\n",
+        # 2: a clean line above, which moves what patch 1 added.
+        'import os\n\nEARLY = {"b": 2}\nUPSTREAM = {\'kept\':1}\n\n\ndef g():\n    return os\n'
+        "def h():\n    return {'a':1}\n",
+    ]
+    (tree / path).write_text(upstream)
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "base")
+    for number, text in enumerate(steps, 1):
+        (tree / path).write_text(text)
+        git(tree, "commit", "-qam", f"step {number}")
+    git(tree, "format-patch", "-q", "-o", str(tmp_path), "HEAD~2")
+    patches = sorted(tmp_path.glob("*.patch"))
+    added = patch_series.added_lines({p: unidiff.PatchSet(p.read_text()) for p in patches}, path)
+    final = steps[-1].splitlines()
+    assert {n: (p.name[:4], final[n - 1]) for n, (p, _) in added.items()} == {
+        3: ("0002", 'EARLY = {"b": 2}'),
+        9: ("0001", "def h():"),
+        10: ("0001", "    return {'a':1}"),
+    }
+    found = patch_series.lint_ufmt(tree, path, added)
+    assert [(m.path, m.description.split(" ")[0]) for m in found] == [
+        (patches[0].name, f"{path}:9"),  # black puts two blank lines before it
+        (patches[0].name, f"{path}:10"),
+    ]
+    assert [patches[0].read_text().splitlines()[m.line - 1] for m in found] == ["+def h():", "+    return {'a':1}"]

@@ -6,6 +6,7 @@ One entry point serves every linter in .lintrunner.toml:
   adapter.py flake8 @PATHSFILE          flake8 with .flake8 (PyTorch's settings)
   adapter.py clang-format @PATHSFILE    clang-format with .clang-format (PyTorch's style)
   adapter.py mypy @PATHSFILE            mypy with mypy.ini
+  adapter.py ufmt @PATHSFILE            black + usort, as PyTorch 2.1's UFMT linter runs them
   adapter.py newlines|spaces|tabs @PATHSFILE
   adapter.py patches @PATHSFILE         the patch series linter (tools/linter/patch_series.py)
 """
@@ -113,6 +114,50 @@ def mypy(paths: List[str]) -> List[LintMessage]:
     return messages
 
 
+# PyTorch 2.1's UFMT linter (black + usort through ufmt, pinned in requirements-lint.txt as its
+# .lintrunner.toml pins them) with its settings: pyproject.toml's [tool.black] sets only these
+# target versions (black's default line length, 88), and there is no [tool.usort].
+BLACK_TARGET_VERSIONS = ("PY38", "PY39", "PY310", "PY311")
+UFMT_DESCRIPTION = (
+    "Run `lintrunner -a` to apply PyTorch's black and usort formatting. The patch series "
+    "builds this file: change the patch that adds these lines the same way."
+)
+
+
+def ufmt_format(path: str, text: str) -> str:
+    """``text`` as PyTorch's UFMT linter would format the file ``path`` of the PyTorch tree.
+
+    Raises what black and usort raise for a file they cannot parse.
+    """
+    import black
+    from ufmt.core import ufmt_bytes
+    from usort import Config
+    from usort.config import CAT_FIRST_PARTY
+
+    mode = black.Mode(target_versions={black.TargetVersion[v] for v in BLACK_TARGET_VERSIONS})
+    usort_config = Config()
+    # usort's first-party detection, as it works in a PyTorch tree: a file in the torch
+    # package (torch/__init__.py at the root) has torch as its first party.
+    if path.startswith("torch/"):
+        usort_config.known["torch"] = CAT_FIRST_PARTY
+    # ufmt_bytes runs usort, then black (in stub mode for a .pyi), as upstream's adapter does.
+    return ufmt_bytes(pathlib.Path(path), text.encode(), black_config=mode, usort_config=usort_config).decode()
+
+
+def ufmt(paths: List[str]) -> List[LintMessage]:
+    messages = []
+    for path in paths:
+        text = (REPO / path).read_text()
+        try:
+            formatted = ufmt_format(path, text)
+        except Exception as e:  # black and usort raise their own errors for code they cannot parse
+            messages.append(LintMessage(path, None, None, "UFMT", "error", "command-failed", f"{type(e).__name__}: {e}"))
+            continue
+        if formatted != text:
+            messages.append(LintMessage(path, None, None, "UFMT", "warning", "format", UFMT_DESCRIPTION, text, formatted))
+    return messages
+
+
 def text_checks(kind: str, paths: List[str]) -> List[LintMessage]:
     messages = []
     for path in paths:
@@ -146,7 +191,8 @@ def init(requirements: List[str], dry_run: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("linter", choices=("init", "flake8", "clang-format", "mypy", "newlines", "spaces", "tabs", "patches"))
+    linters = ("init", "flake8", "clang-format", "mypy", "ufmt", "newlines", "spaces", "tabs", "patches")
+    parser.add_argument("linter", choices=linters)
     parser.add_argument("--dry-run", default="0", help="for init: 1 to only print the pip command")
     parser.add_argument("args", nargs="*")
     args = parser.parse_intermixed_args()
@@ -160,6 +206,8 @@ def main() -> None:
         emit(clang_format(paths))
     elif args.linter == "mypy":
         emit(mypy(paths))
+    elif args.linter == "ufmt":
+        emit(ufmt(paths))
     elif args.linter == "patches":
         import patch_series  # next to this file, so on sys.path
 

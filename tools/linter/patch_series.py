@@ -12,20 +12,24 @@ For the series in patches/ (lintrunner passes the patch files):
   exactly what the init.cpp hunks bind);
 * AGREE: test/distributed holds exactly what the series adds there;
 * FLAKE8 / CLANGFORMAT: the Python and C++ the series adds, checked in place in
-  the patched files with the repository's flake8 and clang-format settings.
+  the patched files with the repository's flake8 and clang-format settings;
+* UFMT: no line the series adds to a Python file or stub is one that PyTorch's UFMT
+  linter (black + usort) would change in the patched file. Upstream's own lines are
+  not checked (v2.1.2's distributed.py and _distributed_c10d.pyi are UFMT-clean).
 """
 
+import difflib
 import email.parser
 import pathlib
 import re
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 import unidiff
 
-from adapter import clang_format_messages, flake8, LintMessage, REPO
+from adapter import clang_format_messages, flake8, LintMessage, REPO, ufmt_format
 
 sys.path.insert(0, str(REPO))
 from torch_overlay import install as overlay, series  # noqa: E402
@@ -114,18 +118,72 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
 
 
 def added_lines(patch_sets: Dict[pathlib.Path, unidiff.PatchSet], path: str) -> Dict[int, Tuple[pathlib.Path, int]]:
-    """Line in the final patched ``path`` -> (patch, line in the patch), for the last patch touching it."""
+    """Line in the final patched ``path`` -> (patch, line in the patch), for every line the series adds.
+
+    Follows each added line through the later patches: their hunks shift it, keep it as
+    context, or remove it (then it is not in the final file). A line that a later patch
+    changes counts as that patch's.
+    """
     lines: Dict[int, Tuple[pathlib.Path, int]] = {}
     for patch, patch_set in patch_sets.items():
         for patched_file in patch_set:
             if patched_file.path != path:
                 continue
-            lines = {}
-            for hunk in patched_file:
+            hunks = list(patched_file)
+            after: Dict[int, Tuple[pathlib.Path, int]] = {}
+            for line_no, origin in lines.items():
+                if any(h.source_start <= line_no < h.source_start + h.source_length for h in hunks):
+                    continue  # the hunk that covers it says what becomes of it
+                # A hunk shifts the lines after its source range; one with no source
+                # lines ("-N,0") inserts after line N.
+                shift = sum(
+                    h.target_length - h.source_length
+                    for h in hunks
+                    if line_no >= h.source_start + max(h.source_length, 1)
+                )
+                after[line_no + shift] = origin
+            for hunk in hunks:
                 for line in hunk:
                     if line.is_added and line.target_line_no is not None and line.diff_line_no is not None:
-                        lines[line.target_line_no] = (patch, line.diff_line_no)
+                        after[line.target_line_no] = (patch, line.diff_line_no)
+                    elif line.is_context and line.source_line_no in lines and line.target_line_no is not None:
+                        after[line.target_line_no] = lines[line.source_line_no]
+            lines = after
     return lines
+
+
+def changed_lines(before: str, after: str) -> Set[int]:
+    """The lines of ``before`` (from 1) that turning it into ``after`` changes or removes.
+
+    Lines inserted between two lines count for both of them.
+    """
+    changed: Set[int] = set()
+    matcher = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines(), autojunk=False)
+    for tag, i1, i2, _, _ in matcher.get_opcodes():
+        if tag == "insert":
+            changed |= {i1, i1 + 1}
+        elif tag != "equal":
+            changed |= set(range(i1 + 1, i2 + 1))
+    return changed
+
+
+def lint_ufmt(tree: pathlib.Path, repo_path: str, added: Dict[int, Tuple[pathlib.Path, int]]) -> List[LintMessage]:
+    """The lines the series adds to ``repo_path`` that PyTorch's black and usort would change."""
+    text = (tree / repo_path).read_text()
+    try:
+        formatted = ufmt_format(repo_path, text)
+    except Exception as e:  # black and usort raise their own errors for code they cannot parse
+        description = f"black/usort cannot format the patched {repo_path}: {type(e).__name__}: {e}"
+        return [LintMessage("patches", None, None, CODE, "error", "ufmt", description)]
+    found = []
+    for n in sorted(changed_lines(text, formatted) & set(added)):
+        patch, diff_line = added[n]
+        description = (
+            f"{repo_path}:{n} is not formatted as PyTorch's UFMT linter (black + usort) formats it; "
+            "run black and usort on the patched file and carry the change into the patch"
+        )
+        found.append(message(patch, "ufmt", description, diff_line))
+    return found
 
 
 def lint_added_code(tree: pathlib.Path, patches: series.Series, patch_sets) -> List[LintMessage]:
@@ -138,11 +196,12 @@ def lint_added_code(tree: pathlib.Path, patches: series.Series, patch_sets) -> L
                 if m.line in added:
                     patch, diff_line = added[m.line]
                     found.append(message(patch, f"flake8-{m.name}", f"{repo_path}:{m.line}: {m.description}", diff_line))
+        if repo_path.endswith((".py", ".pyi")):
+            found += lint_ufmt(tree, repo_path, added)
         elif repo_path.endswith(series.HEADER_SUFFIXES):
             text = (tree / repo_path).read_text()
             for m in clang_format_messages(repo_path, text, ""):
-                changed = {n for n, (a, b) in enumerate(zip(text.splitlines(), (m.replacement or "").splitlines()), 1) if a != b}
-                for n in sorted(changed & set(added)):
+                for n in sorted(changed_lines(text, m.replacement or "") & set(added)):
                     patch, diff_line = added[n]
                     description = f"{repo_path}:{n} is not in PyTorch's clang-format style"
                     found.append(message(patch, "clang-format", description, diff_line))
