@@ -1,7 +1,8 @@
 """A PyTorch checkout, as scripts/apply, build, submit and test see it.
 
-Everything here asks git; nothing changes the checkout's work tree or index.
-Trying the series out uses a temporary index file (``git apply --cached``).
+Everything here asks git. Only am() and reset_author(), which scripts/apply runs on
+the branch it creates, change the checkout; trying the series out uses a temporary
+index file (``git apply --cached``) or a throwaway worktree.
 """
 
 import dataclasses
@@ -164,3 +165,22 @@ def am(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
     if hunk is not None and hunk.file == rejection.file:
         rejection.line = hunk.line
     return rejection
+
+
+# Amends a commit to be the user's: its author becomes who `git commit` would record
+# now (GIT_AUTHOR_NAME and GIT_AUTHOR_EMAIL, then author.* and user.* config, as git's
+# own rules say) at the current time; the message stays byte for byte, and no hook
+# runs again on a change that only moves authorship.
+RESET_AUTHOR = "git commit --amend --no-edit --no-verify --cleanup=verbatim --reset-author --quiet"
+
+
+def reset_author(tree: pathlib.Path, base: str) -> None:
+    """Make the commits ``base..HEAD`` the user's, as ``git commit --amend --reset-author`` does.
+
+    On failure, aborts the rebase so that the branch is as it was, and raises CheckoutError.
+    """
+    result = git(tree, "rebase", "--quiet", "--exec", RESET_AUTHOR, base, check=False)
+    if result.returncode != 0:
+        git(tree, "rebase", "--abort", check=False)
+        output = (result.stdout + result.stderr).strip()
+        raise CheckoutError(f"could not make the applied commits yours ({RESET_AUTHOR}):\n{output}")

@@ -10,6 +10,8 @@ from torch_overlay import install as overlay, series
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
+# The identity in the pytorch_tree checkout's own git config.
+USER = ("Pat Contributor", "pat@example.com")
 
 
 def _wheel_originals():
@@ -60,6 +62,9 @@ def pytorch_tree(tmp_path):
         (tree / path).parent.mkdir(parents=True, exist_ok=True)
         (tree / path).write_text(text)
     subprocess.run(GIT + ["init", "-q", "-b", "main", str(tree)], check=True)
+    # Whose checkout it is: scripts/apply makes the applied commits theirs.
+    git(tree, "config", "user.name", USER[0])
+    git(tree, "config", "user.email", USER[1])
     git(tree, "add", "-A")
     git(tree, "commit", "-qm", "base")
     return tree

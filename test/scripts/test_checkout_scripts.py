@@ -6,13 +6,18 @@ import pathlib
 import subprocess
 import sys
 
-from conftest import git, GIT, PATCHES, REPO
+from conftest import git, GIT, PATCHES, REPO, USER
+
+
+def _header(patch: pathlib.Path, field: str) -> str:
+    # Drop format-patch's "From <sha>" separator line.
+    headers = email.parser.Parser().parsestr(patch.read_text().split("\n", 1)[1], headersonly=True)
+    return " ".join(headers[field].split())
 
 
 def _subject(patch: pathlib.Path) -> str:
-    # Drop format-patch's "From <sha>" separator line and its "[PATCH n/m] " prefix.
-    headers = email.parser.Parser().parsestr(patch.read_text().split("\n", 1)[1], headersonly=True)
-    return " ".join(headers["Subject"].split()).split("] ", 1)[1]
+    # Drop format-patch's "[PATCH n/m] " prefix.
+    return _header(patch, "Subject").split("] ", 1)[1]
 
 
 SUBJECTS = [_subject(p) for p in sorted(PATCHES.glob("*.patch"))]
@@ -20,14 +25,18 @@ SUBJECTS = [_subject(p) for p in sorted(PATCHES.glob("*.patch"))]
 
 # git am records a committer; do not depend on the machine's git configuration.
 COMMITTER = {"GIT_COMMITTER_NAME": "Test", "GIT_COMMITTER_EMAIL": "test@example.com"}
+SERIES_AUTHOR = "DDP update_process_group maintainers"
+AUTHOR_ENV = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE")
 
 
 def script(name, *args, env=None):
+    # The author comes from the checkout's config (conftest.USER) unless a test sets it.
+    inherited = {k: v for k, v in os.environ.items() if k not in AUTHOR_ENV}
     return subprocess.run(
         [sys.executable, str(REPO / "scripts" / name), *map(str, args)],
         capture_output=True,
         text=True,
-        env={**os.environ, **COMMITTER, **(env or {})},
+        env={**inherited, **COMMITTER, **(env or {})},
     )
 
 
@@ -57,9 +66,58 @@ def test_apply_makes_the_series_commits_on_a_branch(pytorch_tree):
     assert git(pytorch_tree, "rev-parse", "--abbrev-ref", "HEAD").strip() == "ddp-update-process-group"
     log = git(pytorch_tree, "log", "--format=%s|%an", f"-{len(SUBJECTS)}", "--reverse").splitlines()
     assert [line.split("|")[0] for line in log] == SUBJECTS
-    assert all(line.endswith("|DDP update_process_group maintainers") for line in log)
+    assert all(line.endswith(f"|{USER[0]}") for line in log)
     assert "void Reducer::reset_state() {" in (pytorch_tree / "torch/csrc/distributed/c10d/reducer.cpp").read_text()
     assert (pytorch_tree / "test/distributed/test_ddp_update_process_group.py").is_file()
+
+
+def series_log(tree, branch, fields):
+    return git(tree, "log", "--reverse", f"--format={fields}", f"main..{branch}").splitlines()
+
+
+def test_apply_makes_the_commits_yours_unless_keep_author(pytorch_tree):
+    result = script("apply", pytorch_tree)
+    assert result.returncode == 0, result.stderr
+    assert f"author: {USER[0]} <{USER[1]}>\n" in result.stdout
+    branch = "ddp-update-process-group"
+    assert series_log(pytorch_tree, branch, "%an <%ae>|%cn <%ce>") == [
+        f"{USER[0]} <{USER[1]}>|Test <test@example.com>"
+    ] * len(SUBJECTS)
+    git(pytorch_tree, "switch", "-q", "main")
+    result = script("apply", pytorch_tree, "--keep-author", "--branch", "kept")
+    assert result.returncode == 0, result.stderr
+    assert "(the series' own, --keep-author)" in result.stdout
+    kept = series_log(pytorch_tree, "kept", "%an <%ae>|%aD")
+    assert len(kept) == len(SUBJECTS)
+    assert all(line.startswith(f"{SERIES_AUTHOR} <") and "noreply" in line for line in kept)
+    assert [line.split("|")[1] for line in kept] == [_header(p, "Date") for p in sorted(PATCHES.glob("*.patch"))]
+    # Only the authorship differs: the same messages, "[c10d]" subjects and all, and the same trees.
+    messages = git(pytorch_tree, "log", "--reverse", "--format=%B%x00", f"main..{branch}")
+    assert messages == git(pytorch_tree, "log", "--reverse", "--format=%B%x00", "main..kept")
+    assert series_log(pytorch_tree, branch, "%T") == series_log(pytorch_tree, "kept", "%T")
+
+
+def test_apply_author_from_the_environment_wins(pytorch_tree):
+    env = {"GIT_AUTHOR_NAME": "Env Person", "GIT_AUTHOR_EMAIL": "env@example.com"}
+    result = script("apply", pytorch_tree, env=env)
+    assert result.returncode == 0, result.stderr
+    authors = series_log(pytorch_tree, "ddp-update-process-group", "%an <%ae>")
+    assert authors == ["Env Person <env@example.com>"] * len(SUBJECTS)
+
+
+def test_apply_leaves_the_checkout_as_it_was_when_the_author_cannot_be_reset(pytorch_tree):
+    hook = pytorch_tree / ".git" / "hooks" / "pre-rebase"
+    hook.write_text("#!/bin/sh\necho no rebasing here >&2\nexit 1\n")
+    hook.chmod(0o755)
+    before = head(pytorch_tree)
+    result = script("apply", pytorch_tree)
+    assert result.returncode == 2
+    assert "could not make the applied commits yours" in result.stderr and "no rebasing here" in result.stderr
+    assert "back on main, as it was" in result.stderr
+    assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
+    assert git(pytorch_tree, "status", "--porcelain") == ""
+    assert not (pytorch_tree / ".git" / "rebase-merge").exists()
+    assert script("apply", pytorch_tree, "--keep-author").returncode == 0
 
 
 def test_apply_twice_says_already_applied(pytorch_tree):
