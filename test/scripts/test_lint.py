@@ -99,6 +99,10 @@ def test_test_file_must_agree_with_the_series(tmp_path, monkeypatch):
     assert names(found) == ["agree"]
     (copy / "torch_overlay" / "bindings.cpp").write_text("py::name(\"_reset_state\")\n")
     assert names(patch_series.lint_agreement(REAL, series)) == ["agree", "bindings"]
+    # A test hunk that does not apply is reported, not a crash.
+    broken, _ = fake(copy, subject="[DDP] Test a thing", path="test/distributed/test_ddp_update_process_group.py")
+    found = patch_series.lint_agreement(REAL + [broken], series)
+    assert (found[-1].name, found[-1].path) == ("apply", broken.name)
 
 
 def test_flake8_adapter(tmp_path):

@@ -228,7 +228,10 @@ def lint_agreement(patch_files: List[pathlib.Path], patches: series.Series) -> L
         )
     with tempfile.TemporaryDirectory() as tmp:
         for patch in patch_files:
-            subprocess.run(["git", "apply", "--include=test/*", str(patch)], cwd=tmp, check=True)
+            result = subprocess.run(["git", "apply", "--include=test/*", str(patch)], cwd=tmp, capture_output=True, text=True)
+            if result.returncode != 0:
+                description = f"its test/ hunks do not apply after the patches before it: {result.stderr.strip()}"
+                return found + [message(patch, "apply", description)]
         for added in pathlib.Path(tmp).rglob("*"):
             if not added.is_file():
                 continue
