@@ -21,11 +21,15 @@ and afterwards, in new processes:
 The change keeps the same ranks (a new group of the same members, as after a lost rank was
 replaced), so that every path does the same collective work. Times are wall clock, the slowest
 rank's; the ratios b/a, c/a and d/a compare paths measured in one run on one machine.
-Reported per path: time to resume, the latency of the _update_process_group call itself, the
-first step after the change against the steady-state step, graphs compiled (torch._dynamo's
-unique_graphs), and peak RSS (VmHWM, reset before each path with /proc/self/clear_refs).
+Reported per path: time to resume, its overhead (the time to resume less one steady-state
+step), the latency of the _update_process_group call itself, the first step after the change
+against the steady-state step, graphs compiled (torch._dynamo's unique_graphs), and peak RSS
+(VmHWM, reset before each path with /proc/self/clear_refs), also against the steady state's
+(reset before the steady-state steps).
 
-Writes a table to stdout, and resume_after_membership_change.json and .png to --out.
+Writes a table and whether path a meets its goals (GOALS; reported, never asserted: the exit
+status does not depend on them) to stdout, and resume_after_membership_change.json (the goals
+too) and .png to --out.
 Needs torch with the series (the overlay venv: scripts/benchmark runs it there).
 """
 
@@ -53,6 +57,14 @@ IN_PROCESS_PATHS = ("a", "a_sync", "b", "d")
 PATHS = ("a", "a_sync", "b", "c", "d")
 VOCAB = 1024
 SEQUENCE = 32
+
+# What path a should achieve; see goals().
+GOALS = {
+    "call_us": 1000.0,  # the _update_process_group call, at every size and world
+    "call_growth": 1.5,  # the call at the largest size measured over the smallest, per world
+    "first_step_over_steady": 1.05,  # the first step after the change, at every size and world
+    "peak_rss_over_steady": 1.05,  # peak RSS during the change over the steady state's
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +203,9 @@ def run_rank(args) -> dict:
     rank.new_optimizer()
     for _ in range(args.warmup):
         rank.step()
-    steady = statistics.median(rank.step() for _ in range(args.steady_steps))
+    reset_peak_rss()
+    steady = statistics.median([rank.step() for _ in range(args.steady_steps)])
+    steady_peak_rss = peak_rss_mb()
     changes: Dict[str, List[dict]] = {path: [] for path in IN_PROCESS_PATHS}
     for repeat in range(args.repeats):
         for path in IN_PROCESS_PATHS:
@@ -205,7 +219,7 @@ def run_rank(args) -> dict:
         torch.save({"model": rank.module.state_dict(), "optimizer": rank.optimizer.state_dict()}, args.checkpoint)
     dist.barrier()
     dist.destroy_process_group()
-    return {"steady_step_s": steady, "changes": changes}
+    return {"steady_step_s": steady, "steady_peak_rss_mb": steady_peak_rss, "changes": changes}
 
 
 def run_restarted_rank(args) -> dict:
@@ -293,9 +307,12 @@ def measure(args, store) -> dict:
             print(f"    restart {restart + 1}/{args.restarts}: c      {slowest:8.3f} s", flush=True)
         paths["c"] = summarize([[restarts[i][rank] for i in range(len(restarts))] for rank in range(args.world)])
     steady = max(r["steady_step_s"] for r in ranks)
+    steady_peak_rss = max(r["steady_peak_rss_mb"] for r in ranks)
     for path in paths.values():
         path["first_step_over_steady"] = path["first_step_s"] / steady
         path["over_a"] = path["resume_s"] / paths["a"]["resume_s"]
+        path["overhead_s"] = path["resume_s"] - steady
+        path["peak_rss_over_steady"] = path["peak_rss_mb"] / steady_peak_rss
     params = sum(p.numel() for p in LanguageModel(SIZES[args.size]).parameters())
     return {
         "world": args.world,
@@ -304,14 +321,24 @@ def measure(args, store) -> dict:
         "repeats": args.repeats,
         "restarts": args.restarts,
         "steady_step_s": steady,
+        "steady_peak_rss_mb": steady_peak_rss,
         "paths": paths,
     }
 
 
 def table(results: List[dict]) -> str:
+    """One line per configuration and path. Entries written before a field existed show n/a."""
+
+    def cell(value, spec: str, width: int) -> str:
+        return f"{value:{width}{spec}}" if value is not None else f"{'n/a':>{width}}"
+
+    def ratio(value, width: int) -> str:
+        # Two decimals where they matter (near 1), fewer for c's and d's hundreds and thousands.
+        return cell(value, ".2f" if value is None or value < 100 else ".0f", width)
+
     lines = [
-        f"{'world':>5} {'params':>7} {'path':6} {'resume s':>9} {'x a':>7} {'call us':>9} "
-        f"{'1st/steady':>10} {'graphs':>6} {'peak RSS MB':>11}"
+        f"{'world':>5} {'params':>7} {'path':6} {'resume s':>9} {'x a':>7} {'ovh ms':>8} {'call us':>7} "
+        f"{'1st/st':>6} {'graphs':>6} {'RSS MB':>6} {'RSS/st':>6}"
     ]
     for r in results:
         if "error" in r:
@@ -319,11 +346,78 @@ def table(results: List[dict]) -> str:
             continue
         for name in PATHS:
             p = r["paths"][name]
-            call = f"{p['call_us']:9.0f}" if p["call_us"] is not None else f"{'':9}"
+            overhead = p["overhead_s"] * 1e3 if p.get("overhead_s") is not None else None
+            call = f"{p['call_us']:7.0f}" if p["call_us"] is not None else f"{'':7}"
             lines.append(
                 f"{r['world']:5d} {r['parameters'] / 1e6:6.1f}M {name:6} {p['resume_s']:9.3f} {p['over_a']:7.1f} "
-                f"{call} {p['first_step_over_steady']:10.2f} {p['graphs_compiled']:6.0f} {p['peak_rss_mb']:11.0f}"
+                f"{cell(overhead, '.1f', 8)} {call} {ratio(p['first_step_over_steady'], 6)} "
+                f"{p['graphs_compiled']:6.0f} {p['peak_rss_mb']:6.0f} {ratio(p.get('peak_rss_over_steady'), 6)}"
             )
+    lines.append("ovh: resume less a steady step; 1st/st, RSS/st: first step, peak RSS over the steady's")
+    return "\n".join(lines)
+
+
+def goals(results: List[dict]) -> List[dict]:
+    """Whether path a meets GOALS in ``results``: one dict per goal, with ``met`` True, False, or
+    None when nothing measured it (configurations that failed, or entries written before the field
+    existed, are left out and counted in ``detail``). Reported, never asserted."""
+    measured = sorted((r for r in results if "error" not in r), key=lambda r: (r["world"], r["parameters"]))
+
+    def where(r) -> str:
+        return f"{r['world']} ranks {r['size']}"
+
+    def at_every(key: str, limit: float, text: str, unit: str, spec: str) -> dict:
+        rows = [r for r in measured if r["paths"]["a"].get(key) is not None]
+        skipped = len(measured) - len(rows)
+        goal = {"goal": f"path a's {text} <= {limit:g}{unit} at every size and world", "limit": limit}
+        if not rows:
+            detail = "no configuration measured it" + (f" ({skipped} older entries lack it)" if skipped else "")
+            return {**goal, "met": None, "detail": detail}
+        worst = max(rows, key=lambda r: r["paths"]["a"][key])
+        over = [r for r in rows if r["paths"]["a"][key] > limit]
+        detail = f"max {worst['paths']['a'][key]:{spec}}{unit} at {where(worst)}, of {len(rows)} configurations"
+        if over:
+            detail += "; over: " + ", ".join(f"{where(r)} ({r['paths']['a'][key]:{spec}}{unit})" for r in over)
+        if skipped:
+            detail += f"; n/a for {skipped} older entries"
+        return {**goal, "met": not over, "detail": detail}
+
+    summary = [at_every("call_us", GOALS["call_us"], "call", " us", ".0f")]
+    growth_limit = GOALS["call_growth"]
+    worlds = sorted({r["world"] for r in measured})
+    growth = []
+    for world in worlds:
+        rows = [r for r in measured if r["world"] == world and r["paths"]["a"].get("call_us") is not None]
+        if len({r["size"] for r in rows}) < 2:
+            continue
+        small, large = rows[0], rows[-1]
+        ratio = large["paths"]["a"]["call_us"] / small["paths"]["a"]["call_us"]
+        growth.append({
+            "goal": f"{world} ranks: path a's call at the largest size <= {growth_limit:g}x the smallest's",
+            "limit": growth_limit,
+            "met": ratio <= growth_limit,
+            "detail": f"{large['size']} {large['paths']['a']['call_us']:.0f} us / {small['size']} "
+                      f"{small['paths']['a']['call_us']:.0f} us = {ratio:.2f}x",
+        })
+    if not growth:
+        growth.append({
+            "goal": f"per world, path a's call at the largest size <= {growth_limit:g}x the smallest's",
+            "limit": growth_limit,
+            "met": None,
+            "detail": "one size per world measured",
+        })
+    summary += growth
+    summary.append(at_every("first_step_over_steady", GOALS["first_step_over_steady"],
+                            "first step / steady step", "", ".3f"))
+    summary.append(at_every("peak_rss_over_steady", GOALS["peak_rss_over_steady"],
+                            "peak RSS / steady state's", "", ".3f"))
+    return summary
+
+
+def goals_text(summary: List[dict]) -> str:
+    verdicts = {True: "met", False: "NOT MET", None: "n/a"}
+    lines = ["goals (reported, not asserted):"]
+    lines += [f"  {verdicts[g['met']]:7} {g['goal']}: {g['detail']}" for g in summary]
     return "\n".join(lines)
 
 
@@ -402,7 +496,8 @@ def main() -> int:
     configs = [(w, s) for w in args.worlds for s in args.sizes]
     if args.update and json_path.exists():
         earlier = json.loads(json_path.read_text())
-        if {k: v for k, v in earlier.items() if k != "results"} != {k: v for k, v in report.items() if k != "results"}:
+        machine = ("torch", "backend", "cpus", "memory_gib")
+        if {k: earlier.get(k) for k in machine} != {k: report[k] for k in machine}:
             parser.error(f"{json_path} was measured with another torch, backend or machine; --update cannot add to it")
         report["results"] = [r for r in earlier["results"] if (r["world"], r["size"]) not in configs]
     for i, (world, size) in enumerate(configs, 1):
@@ -415,8 +510,10 @@ def main() -> int:
             report["results"].append({"world": world, "size": size, "error": str(e)})
         # Written after every configuration, so that a long run keeps what it measured.
         report["results"].sort(key=lambda r: (r["world"], list(SIZES).index(r["size"])))
+        report["goals"] = goals(report["results"])
         json_path.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report["results"]))
+    print(goals_text(report["goals"]))
     plot(report["results"], args.backend, args.out / "resume_after_membership_change.png")
     print(f"[benchmark] wrote {json_path} and {json_path.with_suffix('.png')}")
     failed = [r for r in report["results"] if "error" in r]

@@ -1,14 +1,14 @@
 """benchmarks/resume_after_membership_change.py on a tiny model: what it reports, not how fast.
 
 The timings themselves are the benchmark's to report; these check that every path runs and is
-reported, that the ratios are the paths' own times over path a's, and the compile counts,
-which do not depend on the machine.
+reported, that the ratios are the paths' own times over path a's, the compile counts, which do
+not depend on the machine, and that the goals are computed from the results and reported, not
+asserted.
 """
 
 import importlib.util
 import json
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -47,10 +47,21 @@ def test_every_path_is_reported(report):
         assert path["resume_s"] > 0 and path["first_step_s"] > 0 and path["peak_rss_mb"] > 0, name
         assert path["over_a"] == pytest.approx(path["resume_s"] / row["paths"]["a"]["resume_s"])
         assert path["first_step_over_steady"] == pytest.approx(path["first_step_s"] / row["steady_step_s"])
+        assert path["overhead_s"] == pytest.approx(path["resume_s"] - row["steady_step_s"])
+        assert path["peak_rss_over_steady"] == pytest.approx(path["peak_rss_mb"] / row["steady_peak_rss_mb"])
         # Only the paths that call _update_process_group time the call.
         assert (path["call_us"] is not None) == (name in ("a", "a_sync")), name
         assert f" 2 {row['parameters'] / 1e6:6.1f}M {name:6} " in stdout
+    assert row["steady_peak_rss_mb"] > 0
     assert (out / "resume_after_membership_change.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_goals_are_reported_after_the_table(report):
+    _, stdout, data = report
+    assert data["goals"] == benchmark.goals(data["results"])
+    assert [g["met"] is None for g in data["goals"]] == [False, True, False, False]  # one size: no growth
+    table_end = stdout.index(benchmark.table(data["results"])) + len(benchmark.table(data["results"]))
+    assert stdout[table_end:].startswith("\n" + benchmark.goals_text(data["goals"]) + "\n")
 
 
 def test_what_compiles_again(report):
@@ -61,14 +72,33 @@ def test_what_compiles_again(report):
     assert compiled == {"a": 0, "a_sync": 0, "b": 0, "c": 1, "d": 1}
 
 
+def without_the_steady_peak_rss(data):
+    """``data`` as the benchmark wrote it before it measured the steady state's peak RSS."""
+    older = json.loads(json.dumps(data))
+    del older["goals"]
+    for row in older["results"]:
+        del row["steady_peak_rss_mb"]
+        for path in row["paths"].values():
+            del path["overhead_s"], path["peak_rss_over_steady"]
+    return older
+
+
 def test_update_adds_to_the_results_in_out(report, tmp_path):
-    out, _, data = report
-    shutil.copy(out / "resume_after_membership_change.json", tmp_path)
+    _, _, data = report
+    # The results it adds to may be older than the steady state's peak RSS and the goals.
+    older = without_the_steady_peak_rss(data)
+    (tmp_path / "resume_after_membership_change.json").write_text(json.dumps(older))
     result = run_benchmark(tmp_path, "--update", "--worlds", "1", "--repeats", "1")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     updated = json.loads((tmp_path / "resume_after_membership_change.json").read_text())
     assert [(r["world"], r["repeats"]) for r in updated["results"]] == [(1, 1), (2, 2)]
-    assert updated["results"][1] == data["results"][0]
+    assert updated["results"][1] == older["results"][0]
+    assert updated["goals"] == benchmark.goals(updated["results"])
+    assert updated["goals"][-1]["detail"].endswith(", of 1 configurations; n/a for 1 older entries")
+    assert benchmark.goals_text(updated["goals"]) in result.stdout
+    # Adding to results that have their goals (another key than the machine's) works too.
+    result = run_benchmark(tmp_path, "--update", "--worlds", "1", "--repeats", "1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # Results of another backend are not mixed in.
     result = run_benchmark(tmp_path, "--update", "--worlds", "1", "--backend", "aot_eager")
     assert result.returncode == 2
@@ -90,6 +120,82 @@ def test_summarize_takes_the_slowest_rank_then_the_median_repeat():
     assert summary["peak_rss_mb"] == 300
     assert summary["call_us"] == pytest.approx(350)  # the median of every rank's calls
     assert summary["repeats"] == 3
+
+
+def result(world, size, parameters, call_us, first_step_over_steady, peak_rss_over_steady=None):
+    """A configuration as measure() reports it, path a only; without peak_rss_over_steady, as
+    written before the benchmark measured the steady state's peak RSS."""
+    a = {"resume_s": 0.1, "call_us": call_us, "first_step_s": 0.1, "graphs_compiled": 0, "peak_rss_mb": 500.0,
+         "repeats": 3, "first_step_over_steady": first_step_over_steady, "over_a": 1.0}
+    row = {"world": world, "size": size, "parameters": parameters, "repeats": 3, "restarts": 2,
+           "steady_step_s": 0.1, "paths": {"a": a}}
+    if peak_rss_over_steady is not None:
+        a.update(overhead_s=0.0, peak_rss_over_steady=peak_rss_over_steady)
+        row["steady_peak_rss_mb"] = a["peak_rss_mb"] / peak_rss_over_steady
+    return row
+
+
+def test_goals_from_hand_made_results():
+    results = [
+        result(2, "1M", 1_000_000, 600, 1.01, 1.02),
+        result(2, "100M", 100_000_000, 850, 1.04, 1.04),
+        result(2, "10M", 10_000_000, 700, 1.02),  # an older entry: no peak_rss_over_steady
+        result(4, "1M", 1_000_000, 500, 1.00, 1.01),
+        result(4, "100M", 100_000_000, 1200, 1.30, 1.20),
+        {"world": 4, "size": "10M", "error": "the rank processes exited with [-9, 0, 0, 0]"},
+    ]
+    summary = benchmark.goals(results)
+    assert [(g["goal"], g["met"]) for g in summary] == [
+        ("path a's call <= 1000 us at every size and world", False),
+        ("2 ranks: path a's call at the largest size <= 1.5x the smallest's", True),
+        ("4 ranks: path a's call at the largest size <= 1.5x the smallest's", False),
+        ("path a's first step / steady step <= 1.05 at every size and world", False),
+        ("path a's peak RSS / steady state's <= 1.05 at every size and world", False),
+    ]
+    details = [g["detail"] for g in summary]
+    assert details[0] == "max 1200 us at 4 ranks 100M, of 5 configurations; over: 4 ranks 100M (1200 us)"
+    assert details[1] == "100M 850 us / 1M 600 us = 1.42x"  # by parameters, not by the order of results
+    assert details[2] == "100M 1200 us / 1M 500 us = 2.40x"
+    assert details[4] == ("max 1.200 at 4 ranks 100M, of 4 configurations; over: 4 ranks 100M (1.200); "
+                          "n/a for 1 older entries")
+    text = benchmark.goals_text(summary)
+    assert text.splitlines()[1] == f"  NOT MET {summary[0]['goal']}: {details[0]}"
+    assert text.splitlines()[2].startswith("  met     2 ranks")
+
+    # The configurations within the goals: one world has a single size, so no growth for it.
+    summary = benchmark.goals(results[:4])
+    assert [(g["goal"].split(":")[0], g["met"]) for g in summary] == [
+        ("path a's call <= 1000 us at every size and world", True),
+        ("2 ranks", True),
+        ("path a's first step / steady step <= 1.05 at every size and world", True),
+        ("path a's peak RSS / steady state's <= 1.05 at every size and world", True),
+    ]
+    # Only older entries: the peak RSS goal cannot be judged; one size per world: nor can the growth.
+    older = [result(2, "1M", 1_000_000, 600, 1.01), result(4, "1M", 1_000_000, 900, 1.10)]
+    summary = benchmark.goals(older)
+    assert [g["met"] for g in summary] == [True, None, False, None]
+    assert summary[1]["detail"] == "one size per world measured"
+    assert summary[3]["detail"] == "no configuration measured it (2 older entries lack it)"
+    assert benchmark.goals([]) and all(g["met"] is None for g in benchmark.goals([]))
+
+
+def test_the_table_shows_na_for_older_entries():
+    def every_path(row):
+        a = row["paths"]["a"]
+        row["paths"] = {name: {**a, "call_us": a["call_us"] if name in ("a", "a_sync") else None}
+                        for name in benchmark.PATHS}
+        return row
+
+    older = every_path(result(2, "1M", 1_056_256, 680, 0.94))
+    newer = every_path(result(4, "1M", 1_056_256, 700, 1.0, 1.02))
+    lines = benchmark.table([older, newer]).splitlines()
+    assert len(lines) == 1 + 2 * len(benchmark.PATHS) + 1  # the header, the paths, what the columns are
+    # world, params, path, resume s, x a, the overhead, ..., the peak RSS over the steady state's
+    for line in lines[1:1 + len(benchmark.PATHS)]:
+        assert line.split()[5] == "n/a" and line.split()[-1] == "n/a", line
+    for line in lines[1 + len(benchmark.PATHS):-1]:
+        assert line.split()[5] == "0.0" and line.split()[-1] == "1.02", line
+    assert max(len(line) for line in lines) <= 88
 
 
 def test_refuses_a_torch_without_the_api():
