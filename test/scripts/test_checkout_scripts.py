@@ -67,7 +67,7 @@ def test_apply_makes_the_series_commits_on_a_branch(pytorch_tree):
     log = git(pytorch_tree, "log", "--format=%s|%an", f"-{len(SUBJECTS)}", "--reverse").splitlines()
     assert [line.split("|")[0] for line in log] == SUBJECTS
     assert all(line.endswith(f"|{USER[0]}") for line in log)
-    assert "void Reducer::reset_state() {" in (pytorch_tree / "torch/csrc/distributed/c10d/reducer.cpp").read_text()
+    assert "bool Reducer::reset_state() {" in (pytorch_tree / "torch/csrc/distributed/c10d/reducer.cpp").read_text()
     assert (pytorch_tree / "test/distributed/test_ddp_update_process_group.py").is_file()
 
 

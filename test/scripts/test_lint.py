@@ -34,7 +34,7 @@ index 0000000..1111111 100644
 --
 2.39.5
 """
-WHY = "Why this change is needed,\nin more than one line.\n\nUpstream-Ref: https://github.com/pytorch/pytorch/pull/113580"
+WHY = "Why this change is needed (#113580),\nin more than one line.\n\nTest Plan:\npython test/x.py"
 
 
 def fake(tmp_path, subject="[c10d] Add a thing", body=WHY, path="torch/csrc/distributed/c10d/reducer.cpp",
@@ -58,7 +58,12 @@ def test_headers(tmp_path, monkeypatch):
     patch, text = fake(tmp_path)
     assert patch_series.lint_header(patch, text) == []
     patch, text = fake(tmp_path, body="Short.")
-    assert names(patch_series.lint_header(patch, text)) == ["body", "upstream-ref"]
+    assert names(patch_series.lint_header(patch, text)) == ["body", "test-plan"]
+    patch, text = fake(tmp_path, body=WHY + "\nUpstream-Ref: https://github.com/pytorch/pytorch/pull/1")
+    found = patch_series.lint_header(patch, text)
+    assert names(found) == ["trailer"] and "Upstream-Ref: is not a PyTorch trailer" in found[0].description
+    patch, text = fake(tmp_path, body=WHY + "\n\nFixes #1")
+    assert patch_series.lint_header(patch, text) == []
     patch, text = fake(tmp_path, subject="Add a thing without an area")
     assert names(patch_series.lint_header(patch, text)) == ["subject"]
 

@@ -79,7 +79,7 @@ def test_series_roles(site):
     s = series.read_series(PATCHES, site)
     assert sorted(series.installed_path(p) for p in s.applied) == sorted(ORIGINALS)
     assert s.fragments and {f.path for f in s.fragments} == set(series.COMPILED)
-    assert "void Reducer::reset_state() {" in "".join(f.text for f in s.fragments)
+    assert "bool Reducer::reset_state() {" in "".join(f.text for f in s.fragments)
 
 
 def make_patch(tmp_path, path, before, *afters):
@@ -168,7 +168,7 @@ def test_install_status_uninstall(repo, site, torch_dist, capsys):
     assert build.calls == 1
     distributed = (site / "torch/nn/parallel/distributed.py").read_text()
     assert "    def _update_process_group(\n" in distributed
-    assert "void reset_state();" in (site / "torch/include/torch/csrc/distributed/c10d/reducer.hpp").read_text()
+    assert "bool reset_state();" in (site / "torch/include/torch/csrc/distributed/c10d/reducer.hpp").read_text()
     assert (site / (overlay.PACKAGE + ".pth")).read_text() == f"import {overlay.PACKAGE}\n"
     assert overlay.status(repo, torch_dist) == 0
 

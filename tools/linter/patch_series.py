@@ -3,7 +3,8 @@
 For the series in patches/ (lintrunner passes the patch files):
 
 * HEADER: every patch has an author, a date, a "[area] Subject", a body that says
-  why, and at least one Upstream-Ref trailer citing a pytorch/pytorch PR;
+  why and a "Test Plan:", in PyTorch's own form: upstream PRs are cited in the body,
+  and no trailer but PyTorch's (Fixes, Co-authored-by) ends the message;
 * SCOPE: each patch touches only what its subject's area covers;
 * NOISE: no hunk only re-formats a line, and no added line has trailing
   whitespace or tabs;
@@ -35,7 +36,10 @@ sys.path.insert(0, str(REPO))
 from torch_overlay import install as overlay, series  # noqa: E402
 
 CODE = "PATCHES"
-UPSTREAM_REF = re.compile(r"^Upstream-Ref: https://github\.com/pytorch/pytorch/pull/\d+$", re.M)
+TEST_PLAN = re.compile(r"^Test Plan:", re.M)
+# A trailer ("Token: value") in a commit message's last paragraph, and the ones PyTorch uses.
+TRAILER = re.compile(r"^(?P<token>[A-Za-z][A-Za-z-]*): \S")
+PYTORCH_TRAILERS = ("Fixes", "Co-authored-by")
 SUBJECT = re.compile(r"^\[PATCH(?: \d+/\d+)?\] \[(?P<area>[^\]]+)\] (?P<title>\S.*)$")
 # What each subject area may touch. A "[DDP] Test ..." patch holds tests only; a
 # [DDP] change may reach into the reducer it runs on, and brings its tests along.
@@ -64,11 +68,22 @@ def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
     if not match:
         found.append(message(patch, "subject", f"subject {subject!r} is not '[area] Title', e.g. '[c10d] Add ...'"))
     body = text.split("\n\n", 1)[1].split("\n---\n", 1)[0] if "\n\n" in text else ""
-    prose = [line for line in body.splitlines() if line.strip() and not UPSTREAM_REF.match(line)]
-    if len(prose) < 2:
+    paragraphs = [p for p in body.strip().split("\n\n") if p.strip()]
+    why = [p for p in paragraphs if not TEST_PLAN.match(p)]
+    if sum(len(p.splitlines()) for p in why) < 2:
         found.append(message(patch, "body", "the commit message has no body that explains why"))
-    if not UPSTREAM_REF.search(body):
-        found.append(message(patch, "upstream-ref", "no 'Upstream-Ref: https://github.com/pytorch/pytorch/pull/N' trailer"))
+    if not TEST_PLAN.search(body):
+        found.append(message(patch, "test-plan", "the commit message has no 'Test Plan:'"))
+    for line in paragraphs[-1].splitlines() if paragraphs else ():
+        trailer = TRAILER.match(line)
+        if trailer and trailer["token"] not in PYTORCH_TRAILERS:
+            found.append(
+                message(
+                    patch,
+                    "trailer",
+                    f"{trailer['token']}: is not a PyTorch trailer; cite upstream PRs in the body, as #N",
+                )
+            )
     return found
 
 
