@@ -168,14 +168,26 @@ class Rank:
         dist.barrier()
         reset_peak_rss()
         graphs = compiled_graphs()
+        # DDP holds the last reference to the group that init_group() destroys, so the call
+        # would free it: ProcessGroupGloo's destructor joins its threads. Held here, that is
+        # timed apart from the call, and still counts in resume_s.
+        old_group = self.ddp.process_group
         start = time.perf_counter()
         self.init_group()
-        call_s = None
+        call_s = old_group_free_s = None
         if path in ("a", "a_sync"):
+            # The call is a collective on the new group: time it once every rank has arrived,
+            # so that it measures the call, not how late the last rank came.
+            dist.barrier()
             call_start = time.perf_counter()
             self.ddp._update_process_group(dist.group.WORLD, sync_module_states=path == "a_sync")
             call_s = time.perf_counter() - call_start
-        elif path == "b":
+            free_start = time.perf_counter()
+            del old_group
+            old_group_free_s = time.perf_counter() - free_start
+        else:
+            del old_group
+        if path == "b":
             self.wrap()
         elif path == "d":
             state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
@@ -188,6 +200,7 @@ class Rank:
         return {
             "resume_s": resume_s,
             "call_s": call_s,
+            "old_group_free_s": old_group_free_s,
             "first_step_s": first_step_s,
             "graphs_compiled": compiled_graphs() - graphs,
             "peak_rss_mb": peak_rss_mb(),
@@ -207,12 +220,14 @@ def run_rank(args) -> dict:
     steady = statistics.median([rank.step() for _ in range(args.steady_steps)])
     steady_peak_rss = peak_rss_mb()
     changes: Dict[str, List[dict]] = {path: [] for path in IN_PROCESS_PATHS}
-    for repeat in range(args.repeats):
-        for path in IN_PROCESS_PATHS:
+    # One path's changes after the other's, in IN_PROCESS_PATHS order: d leaves its old
+    # modules alive (see README), which would add to the peak RSS of a path measured after it.
+    for path in IN_PROCESS_PATHS:
+        for repeat in range(args.repeats):
             changes[path].append(rank.change(path))
             if args.rank == 0:
                 print(f"    repeat {repeat + 1}/{args.repeats}: {path:6s} {changes[path][-1]['resume_s']:8.3f} s", flush=True)
-            # Back to the steady state (the buckets are rebuilt after the first step) before the next path.
+            # Back to the steady state before the next change.
             for _ in range(2):
                 rank.step()
     if args.rank == 0:
@@ -283,9 +298,11 @@ def summarize(per_rank: List[List[dict]]) -> dict:
         return statistics.median(values)
 
     calls = [c["call_s"] for r in per_rank for c in r if c["call_s"] is not None]
+    frees = [c["old_group_free_s"] for r in per_rank for c in r if c.get("old_group_free_s") is not None]
     return {
         "resume_s": median("resume_s"),
         "call_us": statistics.median(calls) * 1e6 if calls else None,
+        "old_group_free_us": statistics.median(frees) * 1e6 if frees else None,
         "first_step_s": median("first_step_s"),
         "graphs_compiled": median("graphs_compiled"),
         "peak_rss_mb": median("peak_rss_mb"),
