@@ -169,13 +169,13 @@ class UpdateProcessGroupTestBase:
         self._spawn_processes()
 
     @classmethod
-    def _run(cls, rank, test_name, file_name, parent_pipe):
+    def _run(cls, rank, test_name, file_name, parent_pipe, **kwargs):
         # After a Python communication hook ran, v2.1.2 sometimes aborts while the
         # interpreter finalizes ("terminate called without an active exception"), with or
         # without this series: a Gloo thread lets go of the hook's Python objects then. So a
         # rank exits without finalizing, with the exit code that the harness chose.
         try:
-            super()._run(rank, test_name, file_name, parent_pipe)
+            super()._run(rank, test_name, file_name, parent_pipe, **kwargs)
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1
