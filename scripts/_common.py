@@ -8,8 +8,8 @@ import sys
 from typing import List, NoReturn, Optional, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_VENV = REPO / ".venv"
-# The overlay venv: torch 2.1.2 and the test tools, the linters, and what the benchmarks plot with.
+# The overlay venv: the base's torch (torch_overlay/bases.py) and the test tools, the
+# linters, and what the benchmarks plot with.
 REQUIREMENTS = (
     REPO / "torch_overlay" / "requirements.txt",
     REPO / "requirements-lint.txt",
@@ -17,7 +17,9 @@ REQUIREMENTS = (
 )
 
 sys.path.insert(0, str(REPO))
-from torch_overlay import versions  # noqa: E402
+from torch_overlay import bases  # noqa: E402
+
+DEFAULT_VENV = REPO / ".venv"
 
 
 def progress(message: str) -> None:
@@ -29,13 +31,52 @@ def die(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+def print_warning(message: str) -> None:
+    """What die() says, as a warning that does not stop the script."""
+    print(f"{pathlib.Path(sys.argv[0]).name}: warning: {message}", file=sys.stderr, flush=True)
+
+
+def add_base_argument(parser) -> None:
+    parser.add_argument(
+        "--base",
+        type=base_type,
+        default=bases.get(None),
+        metavar="BASE",
+        help=f"the release whose series to use: {', '.join(bases.BASES)} (default: {bases.DEFAULT})",
+    )
+
+
+def base_type(name: str) -> bases.Base:
+    """argparse type: a base by name."""
+    import argparse
+
+    try:
+        return bases.get(name)
+    except bases.UnsupportedTorch as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def default_venv(base: bases.Base) -> pathlib.Path:
+    """The overlay venv of ``base``: .venv for the default base, .venv-<base> for the others."""
+    return DEFAULT_VENV if base.name == bases.DEFAULT else REPO / f".venv-{base.name}"
+
+
 def add_venv_argument(parser) -> None:
+    """--venv and --base; resolve the venv with :func:`venv_of` after parsing."""
+    add_base_argument(parser)
     parser.add_argument(
         "--venv",
         type=pathlib.Path,
-        default=DEFAULT_VENV,
-        help=f"the overlay virtual environment (default: {DEFAULT_VENV.relative_to(REPO)} at the repo root)",
+        default=None,
+        help=(
+            f"the overlay virtual environment (default: {DEFAULT_VENV.relative_to(REPO)} at the repo root "
+            f"for {bases.DEFAULT}, .venv-BASE for another base)"
+        ),
     )
+
+
+def venv_of(args) -> pathlib.Path:
+    return args.venv if args.venv is not None else default_venv(args.base)
 
 
 def venv_python(venv: pathlib.Path) -> pathlib.Path:
@@ -65,33 +106,33 @@ def installed_torch_version(python: pathlib.Path) -> Optional[str]:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def requirements() -> List[str]:
+def requirements(base: bases.Base) -> List[str]:
     lines = (line.split("#")[0].strip() for f in REQUIREMENTS for line in f.read_text().splitlines())
-    return [line for line in lines if line]
+    return list(base.requirements) + [line for line in lines if line]
 
 
-def ensure_venv(venv: pathlib.Path) -> pathlib.Path:
-    """Create the venv if it is missing and install the requirements; returns its python."""
+def ensure_venv(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
+    """Create the venv if it is missing and install ``base``'s requirements; returns its python."""
     python = venv_python(venv)
     if not python.exists():
         progress(f"creating the virtual environment {venv}")
         if run([sys.executable, "-m", "venv", venv]).returncode != 0:
             die(f"could not create a virtual environment at {venv}")
     version = installed_torch_version(python)
-    wanted = requirements()
+    wanted = requirements(base)
     if version is not None:
         try:
-            versions.check(version)
-        except versions.UnsupportedTorch as e:
+            base.check(version)
+        except bases.UnsupportedTorch as e:
             die(f"{venv}: {e}")
-        # Keep the 2.1.x that is there.
-        wanted = [r for r in wanted if not r.startswith("torch")]
+        # Keep the release of the base's line that is there.
+        wanted = [r for r in wanted if not r.startswith("torch=")]
     stamp_file = venv / ".torch_overlay_requirements"
     stamp = hashlib.sha256("\n".join(wanted).encode()).hexdigest()
     if version is not None and stamp_file.is_file() and stamp_file.read_text() == stamp:
         return python
     if version is None:
-        progress("installing torch 2.1.2 (about 700 MB, plus the CUDA runtime packages) and the test tools")
+        progress(f"installing torch {base.torch} (from about 700 MB up to several GB with the CUDA packages) and the test tools")
     else:
         progress(f"installing the test tools next to torch {version}")
     if run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *wanted]).returncode != 0:
@@ -100,15 +141,16 @@ def ensure_venv(venv: pathlib.Path) -> pathlib.Path:
     return python
 
 
-def overlay(python: pathlib.Path, action: str) -> int:
-    """Run ``python -m torch_overlay ACTION`` for this repository inside the venv."""
+def overlay(python: pathlib.Path, action: str, base: bases.Base) -> int:
+    """Run ``python -m torch_overlay ACTION`` for this repository and ``base`` inside the venv."""
     venv = python.parent.parent
-    return run([python, "-m", "torch_overlay", action, "--repo", REPO], env=venv_env(venv=venv)).returncode
+    cmd = [python, "-m", "torch_overlay", action, "--repo", REPO, "--base", base.name]
+    return run(cmd, env=venv_env(venv=venv)).returncode
 
 
-def ensure_overlay(venv: pathlib.Path) -> pathlib.Path:
-    """The venv with the overlay installed and up to date with patches/; returns its python."""
-    python = ensure_venv(venv)
-    if overlay(python, "install") != 0:
+def ensure_overlay(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
+    """The venv with ``base``'s overlay installed and up to date with its series; returns its python."""
+    python = ensure_venv(venv, base)
+    if overlay(python, "install", base) != 0:
         die("the overlay could not be installed; see above")
     return python

@@ -4,7 +4,7 @@ import argparse
 import pathlib
 import sys
 
-from torch_overlay import install as overlay
+from torch_overlay import bases, install as overlay
 from torch_overlay.series import SeriesError
 
 
@@ -12,13 +12,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_overlay", description=__doc__)
     parser.add_argument("action", choices=("install", "status", "uninstall"))
     parser.add_argument("--repo", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[1])
+    parser.add_argument("--base", choices=tuple(bases.BASES), default=bases.DEFAULT)
     args = parser.parse_args(argv)
+    base = bases.get(args.base)
     try:
         torch = overlay.Torch.find()
         if args.action == "install":
-            overlay.install(args.repo, torch)
+            overlay.install(args.repo, torch, base)
         elif args.action == "status":
-            return overlay.status(args.repo, torch)
+            return overlay.status(args.repo, torch, base)
         else:
             overlay.uninstall(torch)
     except (overlay.OverlayError, SeriesError) as e:

@@ -5,10 +5,12 @@ import subprocess
 
 import pytest
 
-from torch_overlay import install as overlay, series
+from torch_overlay import bases, install as overlay, series
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-PATCHES = REPO / "patches"
+# The scripts' tests run in the default base's venv, on its series.
+BASE = bases.get(None)
+PATCHES = BASE.patches(REPO)
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
 # The identity in the pytorch_tree checkout's own git config.
 USER = ("Pat Contributor", "pat@example.com")

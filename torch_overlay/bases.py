@@ -1,0 +1,114 @@
+"""The releases a patch series is kept against, and the torch each overlay patches.
+
+Plain Python: the scripts use it before a venv exists. Each base has its own
+series in ``patches/<base>/``:
+
+* ``v2.1.2``, the default: adds ``DistributedDataParallel._update_process_group``
+  to the last release without it, for teams that maintain PyTorch 2.1 in their
+  own repository;
+* ``v2.11.0``: upstream has the API; the series fixes what upstream still gets
+  wrong, as a stack that pytorch/pytorch can take.
+"""
+
+import dataclasses
+import pathlib
+import re
+from typing import Dict, Optional, Tuple
+
+# The release (2.2) from which upstream has DistributedDataParallel._update_process_group.
+UPSTREAM_SINCE = (2, 2)
+
+
+class UnsupportedTorch(Exception):
+    """The torch at hand is not the one a base's overlay patches; the message says what to do."""
+
+
+def parse(version: str) -> Tuple[int, int]:
+    match = re.match(r"^(\d+)\.(\d+)", version)
+    if not match:
+        raise UnsupportedTorch(f"cannot read a torch version from {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+@dataclasses.dataclass(frozen=True)
+class Base:
+    """A release that a series is kept against."""
+
+    name: str  # the release's git tag, and the folder of its series under patches/
+    torch: str  # the wheel its overlay patches, from PyPI
+    # The newest CUDA toolkit the release builds with (its CI's newest).
+    newest_cuda: Tuple[int, int]
+    # Where a ghstack stack of this series can go, for scripts/submit --help.
+    submit_to: str
+    # Pins that only this base's venv needs, besides torch itself.
+    extra_requirements: Tuple[str, ...] = ()
+
+    @property
+    def release(self) -> Tuple[int, int]:
+        return parse(self.torch)
+
+    @property
+    def has_api(self) -> bool:
+        """Whether the release itself has DistributedDataParallel._update_process_group."""
+        return self.release >= UPSTREAM_SINCE
+
+    @property
+    def requirements(self) -> Tuple[str, ...]:
+        return (f"torch=={self.torch}",) + self.extra_requirements
+
+    def patches(self, repo: pathlib.Path) -> pathlib.Path:
+        return repo / "patches" / self.name
+
+    def check(self, version: str) -> None:
+        """Raise UnsupportedTorch unless ``version`` is a release of this base's line (2.1.x for v2.1.2)."""
+        found = parse(version)
+        if found == self.release:
+            return
+        other = next((b for b in BASES.values() if b.release == found), None)
+        if other is not None:
+            hint = f"that is the base {other.name}: pass --base {other.name}"
+        elif self.has_api or found < UPSTREAM_SINCE:
+            hint = f"install torch=={self.torch}"
+        else:
+            hint = (
+                f"torch {version} has DistributedDataParallel._update_process_group upstream; "
+                f"the series with upstream's fixes is --base {LATEST}"
+            )
+        raise UnsupportedTorch(
+            f"torch {version} is not supported by the {self.name} series, which needs torch "
+            f"{self.release[0]}.{self.release[1]}.x; {hint}."
+        )
+
+
+BASES: Dict[str, Base] = {
+    base.name: base
+    for base in (
+        Base(
+            name="v2.1.2",
+            torch="2.1.2",
+            newest_cuda=(12, 1),
+            submit_to=(
+                "a repository your team owns whose default branch is its 2.1 line (PyTorch takes no "
+                "features on release branches, and ghstack refuses forks)"
+            ),
+            # torch 2.1.2 was built against NumPy 1.
+            extra_requirements=("numpy<2",),
+        ),
+        Base(
+            name="v2.11.0",
+            torch="2.11.0",
+            newest_cuda=(13, 0),
+            submit_to="pytorch/pytorch, rebased onto its main branch (or a repository your team owns)",
+        ),
+    )
+}
+DEFAULT = "v2.1.2"
+LATEST = "v2.11.0"
+
+
+def get(name: Optional[str]) -> Base:
+    """The base called ``name`` (the default base for None)."""
+    try:
+        return BASES[name or DEFAULT]
+    except KeyError:
+        raise UnsupportedTorch(f"no series for the base {name!r}; the bases are {', '.join(BASES)}") from None
