@@ -14,12 +14,14 @@ import tempfile
 from typing import List, Optional
 
 import _common
-from torch_overlay import versions
+from torch_overlay import bases
 
-PATCHES = _common.REPO / "patches"
 # Files whose presence makes a directory a PyTorch source tree.
 MARKERS = ("setup.py", "version.txt", "torch/nn/parallel/distributed.py", "torch/csrc/distributed/c10d/reducer.cpp")
 DDP = "torch/nn/parallel/distributed.py"
+# What `git am` says about going on, skipping or aborting, and how to silence that
+# advice: scripts/apply has aborted by the time it reports.
+AM_HINTS = re.compile(r"git am --(continue|skip|abort|show-current-patch)|advice\.")
 
 
 def has_the_api(ddp_source: str) -> bool:
@@ -31,11 +33,44 @@ class CheckoutError(Exception):
     """The checkout cannot be used as asked; the message says why."""
 
 
-def patch_files() -> List[pathlib.Path]:
-    patches = sorted(PATCHES.glob("*.patch"))
+def patch_files(base: bases.Base) -> List[pathlib.Path]:
+    """The series of ``base``, in order."""
+    directory = base.patches(_common.REPO)
+    patches = sorted(directory.glob("*.patch"))
     if not patches:
-        raise CheckoutError(f"no patches in {PATCHES}")
+        raise CheckoutError(f"no patches in {directory}: the {base.name} series is not there")
     return patches
+
+
+def tree_state(base: bases.Base, version: str, ddp_source: str) -> str:
+    """What a tree at ``version`` whose distributed.py is ``ddp_source`` is to ``base``'s series,
+    when the series is not applied: "upstream" (the tree has the API, which the series adds)
+    or "base" (the series is for this tree). Raises CheckoutError for any other tree."""
+    api = has_the_api(ddp_source)
+    if not base.has_api:
+        if api:
+            return "upstream"
+        try:
+            base.check(version)
+        except bases.UnsupportedTorch as e:
+            raise CheckoutError(str(e)) from e
+        return "base"
+    if not api:
+        raise CheckoutError(
+            f"version {version} has no DistributedDataParallel._update_process_group of its own: the {base.name} "
+            f"series fixes upstream's, on {base.name} or newer; for a tree without it, the series that adds it "
+            f"is --base {bases.DEFAULT}"
+        )
+    try:
+        found = bases.parse(version)
+    except bases.UnsupportedTorch as e:
+        raise CheckoutError(str(e)) from e
+    if found < base.release:
+        raise CheckoutError(
+            f"version {version} is older than {base.name}, which the {base.name} series is kept against: "
+            f"check out {base.name} (or a newer release or main) and apply it there"
+        )
+    return "base"
 
 
 def git(tree: pathlib.Path, *args: str, env: Optional[dict] = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -57,6 +92,8 @@ class Rejection:
     message: str
 
     def __str__(self) -> str:
+        if not self.file:
+            return f"{self.patch} does not apply.\n{self.message}"
         where = f"{self.file}:{self.line}" if self.line else self.file
         return f"{self.patch} does not apply: the hunk at {where} does not match.\n{self.message}"
 
@@ -67,7 +104,7 @@ def parse_rejection(patch: str, output: str) -> Rejection:
     if match:
         return Rejection(patch, match.group("file"), match.group("line"), output.strip())
     match = re.search(r"Merge conflict in (?P<file>\S+)", output) or re.search(r"error: (?P<file>\S+): ", output)
-    return Rejection(patch, match.group("file") if match else "?", "", output.strip())
+    return Rejection(patch, match.group("file") if match else "", "", output.strip())
 
 
 def first_rejected_hunk(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
@@ -103,15 +140,32 @@ class Checkout:
     def version(self) -> str:
         return (self.path / "version.txt").read_text().strip()
 
-    def branch(self) -> str:
-        return git(self.path, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
+    def branch(self) -> Optional[str]:
+        """The checked-out branch; None on a detached HEAD."""
+        result = git(self.path, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    def uncommitted_changes(self) -> str:
+        """``git status --porcelain`` of the tracked files: empty when there are none."""
+        return git(self.path, "status", "--porcelain", "--untracked-files=no").stdout.strip()
 
     def require_clean(self) -> None:
-        dirty = git(self.path, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+        dirty = self.uncommitted_changes()
         if dirty:
             raise CheckoutError(
                 f"{self.path} has uncommitted changes; commit or stash them first:\n{dirty}"
             )
+
+    def untracked_in_the_way(self, patches: List[pathlib.Path]) -> List[str]:
+        """The files the series creates that are already in the work tree, untracked: `git am` stops at them.
+
+        Ignored files are not in the way: git overwrites them.
+        """
+        summary = git(self.path, "apply", "--summary", *map(str, patches)).stdout
+        created = re.findall(r"^ create mode \d+ (.+)$", summary, flags=re.MULTILINE)
+        if not created:
+            return []
+        return git(self.path, "ls-files", "--others", "--exclude-standard", "--", *created).stdout.split()
 
     def is_applied(self, patches: List[pathlib.Path]) -> bool:
         """Whether HEAD already has the series: it reverse-applies, tried in a throwaway index."""
@@ -133,18 +187,15 @@ class Checkout:
             finally:
                 git(self.path, "worktree", "remove", "--force", str(worktree), check=False)
 
-    def state(self, patches: List[pathlib.Path]) -> str:
-        """ "applied" (the series is at HEAD), "upstream" (the tree has the API of its own)
-        or "base" (a v2.1.x tree without it); raises CheckoutError for any other tree."""
+    def state(self, base: bases.Base, patches: List[pathlib.Path]) -> str:
+        """ "applied" (``base``'s series is at HEAD), or what :func:`tree_state` says of the tree:
+        "upstream" or "base"; raises CheckoutError for a tree the series is not for."""
         if self.is_applied(patches):
             return "applied"
-        if has_the_api((self.path / DDP).read_text()):
-            return "upstream"
         try:
-            versions.check(self.version)
-        except versions.UnsupportedTorch as e:
+            return tree_state(base, self.version, (self.path / DDP).read_text())
+        except CheckoutError as e:
             raise CheckoutError(f"{self.path}: {e}") from e
-        return "base"
 
 
 def am(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
@@ -155,7 +206,7 @@ def am(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
     result = git(tree, "am", "--3way", "--keep-non-patch", *map(str, patches), check=False)
     if result.returncode == 0:
         return None
-    output = result.stdout + result.stderr
+    output = "".join(line for line in (result.stdout + result.stderr).splitlines(True) if not AM_HINTS.search(line))
     number = re.search(r"Patch failed at (\d+)", output)
     failed = next((p.name for p in patches if number and p.name.startswith(number.group(1))), "the series")
     git(tree, "am", "--abort", check=False)

@@ -3,10 +3,17 @@
 import email.parser
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 
-from conftest import git, GIT, PATCHES, REPO, USER
+import pytest
+
+from conftest import BASE, git, GIT, PATCHES, REPO, USER
+from torch_overlay import bases
+
+sys.path.insert(0, str(REPO / "scripts"))
+import _checkout  # noqa: E402
 
 
 def _header(patch: pathlib.Path, field: str) -> str:
@@ -29,9 +36,14 @@ SERIES_AUTHOR = "DDP update_process_group maintainers"
 AUTHOR_ENV = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE")
 
 
+def _set_by_the_test(name):
+    # The author comes from the checkout's config (conftest.USER), and scripts/build's
+    # settings from its defaults, unless a test sets them.
+    return name in AUTHOR_ENV or name.startswith(("USE_", "BUILD_", "CMAKE_")) or name == "MAX_JOBS"
+
+
 def script(name, *args, env=None):
-    # The author comes from the checkout's config (conftest.USER) unless a test sets it.
-    inherited = {k: v for k, v in os.environ.items() if k not in AUTHOR_ENV}
+    inherited = {k: v for k, v in os.environ.items() if not _set_by_the_test(k)}
     return subprocess.run(
         [sys.executable, str(REPO / "scripts" / name), *map(str, args)],
         capture_output=True,
@@ -45,7 +57,7 @@ def head(tree):
 
 
 def branches(tree):
-    return git(tree, "branch", "--format=%(refname:short)").split()
+    return git(tree, "for-each-ref", "--format=%(refname:short)", "refs/heads").split()
 
 
 # scripts/apply
@@ -55,8 +67,19 @@ def test_check_reports_and_changes_nothing(pytorch_tree):
     before = head(pytorch_tree)
     result = script("apply", pytorch_tree, "--check")
     assert result.returncode == 0, result.stderr
-    assert f"the {len(SUBJECTS)} patches apply cleanly to HEAD (version 2.1.0a0)" in result.stdout
+    assert f"the {len(SUBJECTS)} patches of the v2.1.2 series apply cleanly to HEAD (version 2.1.0a0)" in result.stdout
+    assert result.stderr == ""
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
+
+
+def test_check_on_a_dirty_tree_warns_that_apply_would_refuse(pytorch_tree):
+    with open(pytorch_tree / "setup.py", "a") as f:
+        f.write("# local edit\n")
+    result = script("apply", pytorch_tree, "--check")
+    assert result.returncode == 0, result.stderr
+    assert "apply cleanly to HEAD" in result.stdout
+    assert "apply: warning: " in result.stderr and "has uncommitted changes" in result.stderr
+    assert "without --check would refuse" in result.stderr and "M setup.py" in result.stderr
 
 
 def test_apply_makes_the_series_commits_on_a_branch(pytorch_tree):
@@ -139,17 +162,29 @@ def test_dirty_tree_is_refused(pytorch_tree):
     assert branches(pytorch_tree) == ["main"]
 
 
-def test_conflict_aborts_cleanly_and_names_the_hunk(pytorch_tree):
+def commit_a_conflict(tree):
     # A line that the series changes too: even a three-way merge cannot reconcile them.
-    ddp = pytorch_tree / "torch/nn/parallel/distributed.py"
+    ddp = tree / "torch/nn/parallel/distributed.py"
     line = "    from torch.distributed.distributed_c10d import _get_default_group, ReduceOp\n"
     ddp.write_text(ddp.read_text().replace(line, line.replace("ReduceOp", "ReduceOp, Work"), 1))
-    git(pytorch_tree, "commit", "-qam", "a local change where the series changes the file")
+    git(tree, "commit", "-qam", "a local change where the series changes the file")
+
+
+def assert_names_the_conflict(stderr):
+    assert "0002-DDP-Add-DistributedDataParallel._update_process_grou.patch does not apply" in stderr
+    assert "the hunk at torch/nn/parallel/distributed.py:22 does not match" in stderr
+    assert "CONFLICT (content): Merge conflict in torch/nn/parallel/distributed.py" in stderr
+    # scripts/apply has aborted: git am's advice on going on is not for the user.
+    for hint in ("git am --continue", "git am --skip", "git am --abort", "git am --show-current-patch"):
+        assert hint not in stderr
+
+
+def test_conflict_aborts_cleanly_and_names_the_hunk(pytorch_tree):
+    commit_a_conflict(pytorch_tree)
     before = head(pytorch_tree)
     result = script("apply", pytorch_tree)
     assert result.returncode == 2
-    assert "0002-DDP-Add-DistributedDataParallel._update_process_grou.patch does not apply" in result.stderr
-    assert "the hunk at torch/nn/parallel/distributed.py:22 does not match" in result.stderr
+    assert_names_the_conflict(result.stderr)
     assert "back on main, as it was" in result.stderr
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
     assert git(pytorch_tree, "status", "--porcelain") == ""
@@ -158,6 +193,40 @@ def test_conflict_aborts_cleanly_and_names_the_hunk(pytorch_tree):
     assert check.returncode == 2 and "the hunk at torch/nn/parallel/distributed.py:22" in check.stderr
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
     assert git(pytorch_tree, "worktree", "list").count("\n") == 1
+
+
+def test_conflict_on_a_detached_head_returns_to_it(pytorch_tree):
+    # As after `git checkout v2.1.2`.
+    commit_a_conflict(pytorch_tree)
+    git(pytorch_tree, "switch", "-q", "--detach")
+    sha = git(pytorch_tree, "rev-parse", "HEAD").strip()
+    result = script("apply", pytorch_tree)
+    assert result.returncode == 2
+    assert_names_the_conflict(result.stderr)
+    assert f"back at {sha[:12]} (a detached HEAD), as it was" in result.stderr
+    assert head(pytorch_tree) == (sha, "HEAD") and branches(pytorch_tree) == ["main"]
+    assert git(pytorch_tree, "status", "--porcelain") == ""
+
+
+def test_untracked_file_in_the_way_is_named(pytorch_tree):
+    created = "test/distributed/test_ddp_update_process_group.py"
+    (pytorch_tree / created).parent.mkdir(parents=True, exist_ok=True)
+    (pytorch_tree / created).write_text("my own draft\n")
+    before = head(pytorch_tree)
+    result = script("apply", pytorch_tree)
+    assert result.returncode == 2
+    assert "has untracked files in the way of files that the series creates" in result.stderr
+    assert f"\n  {created}\n" in result.stderr + "\n"
+    assert "hunk" not in result.stderr
+    assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
+    assert (pytorch_tree / created).read_text() == "my own draft\n"
+    check = script("apply", pytorch_tree, "--check")
+    assert check.returncode == 0, check.stderr
+    assert "apply cleanly to HEAD" in check.stdout
+    assert "apply: warning: scripts/apply without --check would stop" in check.stderr and created in check.stderr
+    # An ignored file is not in the way: git overwrites it.
+    (pytorch_tree / ".git" / "info" / "exclude").write_text(created + "\n")
+    assert script("apply", pytorch_tree).returncode == 0
 
 
 def test_not_a_pytorch_tree(tmp_path):
@@ -178,7 +247,71 @@ def test_already_upstream(pytorch_tree):
     result = script("apply", pytorch_tree)
     assert result.returncode == 0, result.stderr
     assert "is already upstream in this tree (version 2.2.0a0)" in result.stdout
+    assert "the v2.1.2 series adds it to 2.1.x and is not needed" in result.stdout
+    assert f"--base {bases.LATEST}" in result.stdout
     assert branches(pytorch_tree) == ["main"]
+
+
+def test_apply_takes_the_base(pytorch_tree):
+    result = script("apply", pytorch_tree, "--check", "--base", "v2.11.0")
+    # The upstream series may not be written yet; either way, this 2.1 tree is not for it.
+    assert result.returncode == 2
+    assert "no patches in " in result.stderr or f"the series that adds it is --base {bases.DEFAULT}" in result.stderr
+    result = script("apply", pytorch_tree, "--base", "v1.0")
+    assert result.returncode == 2 and "no series for the base 'v1.0'; the bases are v2.1.2, v2.11.0" in result.stderr
+
+
+API = "\n    def _update_process_group(self, new_process_group):\n        pass\n"
+
+
+@pytest.mark.parametrize(
+    "base, version, api, state",
+    [
+        ("v2.1.2", "2.1.0a0", False, "base"),
+        ("v2.1.2", "2.1.2", False, "base"),
+        ("v2.1.2", "2.12.0a0", True, "upstream"),
+        ("v2.11.0", "2.11.0", True, "base"),
+        ("v2.11.0", "2.11.1", True, "base"),
+        ("v2.11.0", "2.12.0a0", True, "base"),
+    ],
+)
+def test_tree_state(base, version, api, state):
+    assert _checkout.tree_state(bases.get(base), version, API if api else "") == state
+
+
+@pytest.mark.parametrize(
+    "base, version, api, error",
+    [
+        ("v2.1.2", "2.0.1", False, "needs torch 2.1.x"),
+        ("v2.11.0", "2.10.0", True, "version 2.10.0 is older than v2.11.0"),
+        ("v2.11.0", "2.1.0a0", False, "has no DistributedDataParallel._update_process_group of its own"),
+        ("v2.11.0", "2.1.0a0", False, f"--base {bases.DEFAULT}"),
+    ],
+)
+def test_tree_state_refuses(base, version, api, error):
+    with pytest.raises(_checkout.CheckoutError, match=error.replace(".", r"\.")):
+        _checkout.tree_state(bases.get(base), version, API if api else "")
+
+
+def test_state_with_the_api_upstream(pytorch_tree, tmp_path):
+    # A main checkout after v2.11.0, and a one-patch stand-in for the upstream series.
+    ddp = pytorch_tree / _checkout.DDP
+    ddp.write_text(ddp.read_text() + API)
+    (pytorch_tree / "version.txt").write_text("2.12.0a0\n")
+    git(pytorch_tree, "commit", "-qam", "main after v2.11.0")
+    ddp.write_text(ddp.read_text().replace("        pass\n", "        return None\n"))
+    git(pytorch_tree, "commit", "-qam", "[DDP] a fix")
+    patches = [pathlib.Path(p) for p in git(pytorch_tree, "format-patch", "-1", "-o", str(tmp_path / "series")).split()]
+    tree = _checkout.Checkout.open(pytorch_tree)
+    upstream = bases.get("v2.11.0")
+    assert tree.state(upstream, patches) == "applied"
+    git(pytorch_tree, "reset", "-q", "--hard", "HEAD~1")
+    assert tree.state(upstream, patches) == "base"
+    assert tree.state(BASE, _checkout.patch_files(BASE)) == "upstream"
+    (pytorch_tree / "version.txt").write_text("2.10.0\n")
+    git(pytorch_tree, "commit", "-qam", "an older release")
+    with pytest.raises(_checkout.CheckoutError, match=f"{pytorch_tree}: version 2.10.0 is older than v2.11.0"):
+        tree.state(upstream, patches)
 
 
 def test_other_release_is_refused(pytorch_tree):
@@ -191,18 +324,23 @@ def test_other_release_is_refused(pytorch_tree):
 # scripts/build
 
 
-def fake_tools(tmp_path, *names):
+def fake_command(bin_dir, name, body="exit 0"):
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / name).chmod(0o755)
+    return bin_dir / name
+
+
+def fake_nvcc(bin_dir, release):
+    return fake_command(bin_dir, "nvcc", f"echo 'Cuda compilation tools, release {release}, V{release}.1'")
+
+
+def dry_run_env(tmp_path, *tools, **settings):
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    for name in names:
-        (bin_dir / name).write_text("#!/bin/sh\nexit 0\n")
-        (bin_dir / name).chmod(0o755)
-    return bin_dir
-
-
-def dry_run_env(tmp_path, *tools):
-    path = os.pathsep.join([str(fake_tools(tmp_path, *tools)), "/usr/bin", "/bin"])
-    return {"PATH": path, "CUDA_HOME": "", "CUDA_PATH": ""}
+    for name in tools:
+        fake_command(bin_dir, name)
+    path = os.pathsep.join([str(bin_dir), "/usr/bin", "/bin"])
+    return {"PATH": path, "CUDA_HOME": "", "CUDA_PATH": "", **settings}
 
 
 def test_build_dry_run_cpu(pytorch_tree, tmp_path):
@@ -220,12 +358,70 @@ def test_build_dry_run_cpu(pytorch_tree, tmp_path):
 
 def test_build_dry_run_cuda_ccache_tests(pytorch_tree, tmp_path):
     assert script("apply", pytorch_tree).returncode == 0
-    result = script("build", pytorch_tree, "--dry-run", "--with-tests", "--jobs", "7", env=dry_run_env(tmp_path, "nvcc", "ccache"))
+    nvcc = fake_nvcc(tmp_path / "bin", "12.1")
+    env = dry_run_env(tmp_path, "ccache")
+    result = script("build", pytorch_tree, "--dry-run", "--with-tests", "--jobs", "7", env=env)
     assert result.returncode == 0, result.stderr
-    assert f"CUDA toolkit: {tmp_path / 'bin' / 'nvcc'}" in result.stdout
+    assert f"CUDA toolkit: {nvcc} (CUDA 12.1)\n" in result.stdout
     assert "USE_CUDA=1 USE_NCCL=1 MAX_JOBS=7 BUILD_TEST=1 CMAKE_C_COMPILER_LAUNCHER=ccache" in result.stdout
     assert "CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache" in result.stdout
     assert "not applied" not in result.stdout
+
+
+def env_line(stdout):
+    return next(line for line in stdout.splitlines() if line.startswith("env "))
+
+
+def test_build_user_settings_win(pytorch_tree, tmp_path):
+    fake_nvcc(tmp_path / "bin", "12.1")
+    settings = {"USE_CUDA": "0", "MAX_JOBS": "3", "BUILD_TEST": "1", "CMAKE_BUILD_TYPE": "RelWithDebInfo"}
+    result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path, "ccache", **settings))
+    assert result.returncode == 0, result.stderr
+    assert "CUDA: not used (USE_CUDA=0 from your environment), building for CPU (Gloo only)" in result.stdout
+    assert "USE_CUDA=0 USE_NCCL=0 MAX_JOBS=3 BUILD_TEST=1 " in env_line(result.stdout)
+    assert "CMAKE_C_COMPILER_LAUNCHER=ccache" in env_line(result.stdout)
+    assert "CMAKE_BUILD_TYPE=RelWithDebInfo" in env_line(result.stdout)
+    from_user = next(line for line in result.stdout.splitlines() if line.startswith("from your environment"))
+    assert sorted(from_user.split(": ", 1)[1].split()) == sorted(f"{k}={v}" for k, v in settings.items())
+    # The command line is more explicit than the environment.
+    result = script("build", pytorch_tree, "--dry-run", "--jobs", "5", env=dry_run_env(tmp_path, MAX_JOBS="3"))
+    assert "MAX_JOBS=5" in env_line(result.stdout) and "from your environment" not in result.stdout
+
+
+def test_build_user_can_keep_nccl_off_with_cuda(pytorch_tree, tmp_path):
+    fake_nvcc(tmp_path / "bin", "12.1")
+    result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path, USE_NCCL="0"))
+    assert result.returncode == 0, result.stderr
+    assert " USE_CUDA=1 USE_NCCL=0 " in env_line(result.stdout)
+
+
+def test_build_does_not_use_a_cuda_newer_than_the_base_builds_with(pytorch_tree, tmp_path):
+    nvcc = fake_nvcc(tmp_path / "bin", "12.4")
+    result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"CUDA toolkit: {nvcc} is CUDA 12.4, newer than CUDA 12.1, the newest that PyTorch 2.1 (v2.1.2) builds with; "
+        "not using it, building for CPU (Gloo only)"
+    ) in result.stdout
+    assert "point CUDA_HOME at a CUDA 12.1 or older toolkit (CUDA_HOME=/usr/local/cuda-12.1 scripts/build" in (
+        result.stdout
+    )
+    assert " USE_CUDA=0 USE_NCCL=0 " in env_line(result.stdout)
+    # A supported toolkit under CUDA_HOME comes before the one on PATH.
+    home = tmp_path / "cuda-12.1"
+    supported = fake_nvcc(home / "bin", "12.1")
+    result = script("build", pytorch_tree, "--dry-run", env={**dry_run_env(tmp_path), "CUDA_HOME": str(home)})
+    assert f"CUDA toolkit: {supported} (CUDA 12.1)\n" in result.stdout
+    assert " USE_CUDA=1 USE_NCCL=1 " in env_line(result.stdout)
+
+
+def test_build_refuses_use_cuda_with_a_toolkit_too_new(pytorch_tree, tmp_path):
+    fake_nvcc(tmp_path / "bin", "12.4")
+    result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path, USE_CUDA="1"))
+    assert result.returncode == 2
+    assert "build: error: USE_CUDA=1 is set, but the CUDA toolkit at " in result.stderr
+    assert "is CUDA 12.4, newer than CUDA 12.1" in result.stderr and "CUDA_HOME=/usr/local/cuda-12.1" in result.stderr
+    assert "env " not in result.stdout
 
 
 def test_build_refuses_a_non_pytorch_tree(tmp_path):
@@ -235,39 +431,200 @@ def test_build_refuses_a_non_pytorch_tree(tmp_path):
 
 # scripts/submit
 
+GITHUB = "https://github.com/our-team/pytorch.git"
 
-def test_submit_dry_run_lists_the_stack(pytorch_tree):
-    assert script("apply", pytorch_tree).returncode == 0
-    result = script("submit", pytorch_tree, "--dry-run")
+
+@pytest.fixture
+def published(pytorch_tree, tmp_path):
+    """pytorch_tree, cloned from a bare remote, origin, whose default branch is main; origin's
+    push URL is on GitHub, as ghstack reads it, and it fetches from the local bare repository."""
+    remote = tmp_path / "remote.git"
+    subprocess.run(GIT + ["clone", "-q", "--bare", str(pytorch_tree), str(remote)], check=True)
+    git(pytorch_tree, "remote", "add", "origin", str(remote))
+    git(pytorch_tree, "fetch", "-q", "origin")
+    git(pytorch_tree, "remote", "set-head", "origin", "main")
+    git(pytorch_tree, "remote", "set-url", "--push", "origin", GITHUB)
+    return pytorch_tree
+
+
+@pytest.fixture
+def submit_env(tmp_path):
+    """A fake ghstack that records its arguments and directory, a fake gh that says whether a
+    repository is a fork (FAKE_GH_FORK), and a home without a .ghstackrc."""
+    bin_dir = tmp_path / "submit-bin"
+    log = tmp_path / "ghstack.log"
+    fake_command(bin_dir, "ghstack", f'pwd > {log}\nfor arg in "$@"; do echo "$arg" >> {log}; done')
+    fake_command(bin_dir, "gh", f'echo "$@" > {tmp_path / "gh.log"}\necho "$FAKE_GH_FORK"')
+    (tmp_path / "home").mkdir()
+    path = os.pathsep.join([str(bin_dir), "/usr/bin", "/bin"])
+    return {"PATH": path, "HOME": str(tmp_path / "home"), "GHSTACKRC_PATH": "", "FAKE_GH_FORK": "false"}
+
+
+def ghstack_call(tmp_path):
+    """(directory, arguments) of the fake ghstack's run, or None."""
+    log = tmp_path / "ghstack.log"
+    if not log.exists():
+        return None
+    cwd, *argv = log.read_text().splitlines()
+    return cwd, argv
+
+
+def commit_file(tree, name, message):
+    (tree / name).write_text(f"{message}\n")
+    git(tree, "add", name)
+    git(tree, "commit", "-qm", message)
+    return git(tree, "rev-parse", "HEAD").strip()
+
+
+def test_submit_dry_run_prints_the_command_and_the_stack(published, submit_env, tmp_path):
+    assert script("apply", published).returncode == 0
+    result = script("submit", published, "--dry-run", env=submit_env)
     assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
     out = result.stdout
-    assert f"{len(SUBJECTS)} commits on ddp-update-process-group" in out
-    for subject in SUBJECTS:
-        assert subject in out
+    assert (
+        f"ghstack would submit the {len(SUBJECTS)} commits on ddp-update-process-group in {published} that are "
+        "not on origin/main (git rev-list HEAD ^origin/main), oldest first:"
+    ) in out
+    commits = [line for line in out.splitlines() if line.startswith("  ") and not line.startswith("      ")]
+    listed = [line.split(" ", 3)[3] for line in commits]
+    assert listed == SUBJECTS
     assert "      torch/csrc/distributed/c10d/reducer.cpp" in out
     assert "      test/distributed/test_ddp_update_process_group.py" in out
+    assert f"command: cd {shlex.quote(str(published))} && ghstack submit --base main\n" in out
     assert out.rstrip().endswith("dry run: nothing submitted")
+    assert (tmp_path / "gh.log").read_text().split() == ["api", "repos/our-team/pytorch", "--jq", ".fork"]
+    assert ghstack_call(tmp_path) is None
 
 
-def test_submit_refuses_a_branch_with_more_than_the_series(pytorch_tree):
-    assert script("apply", pytorch_tree).returncode == 0
-    (pytorch_tree / "extra.txt").write_text("extra\n")
-    git(pytorch_tree, "add", "extra.txt")
-    git(pytorch_tree, "commit", "-qm", "something else")
-    result = script("submit", pytorch_tree, "--dry-run")
+def test_submit_runs_ghstack_in_the_checkout(published, submit_env, tmp_path):
+    assert script("apply", published).returncode == 0
+    result = script("submit", published, env=submit_env)
+    assert result.returncode == 0, result.stderr
+    assert "[submit] running ghstack submit --base main in " in result.stdout
+    assert ghstack_call(tmp_path) == (str(published), ["submit", "--base", "main"])
+
+
+def test_submit_refuses_commits_that_are_not_the_series(published, submit_env):
+    # Release-only commits between origin/main and the series, and one on top of it.
+    below = commit_file(published, "release-note.txt", "a release-only fix")
+    assert script("apply", published).returncode == 0
+    above = commit_file(published, "extra.txt", "something else")
+    result = script("submit", published, "--dry-run", env=submit_env)
     assert result.returncode == 2
-    assert "the branch must hold exactly the series" in result.stderr
+    what = f"the {len(SUBJECTS) + 2} commits that ghstack would submit (git rev-list HEAD ^origin/main)"
+    assert what in result.stderr
+    assert "are not exactly the v2.1.2 series:\n  commits that are not in the series:\n" in result.stderr
+    assert f"    {below[:12]} a release-only fix\n    {above[:12]} something else\n" in result.stderr
+    assert "patches that no commit holds" not in result.stderr
+    assert "on top of origin/main: run scripts/apply on a checkout of origin/main" in result.stderr
 
 
-def test_submit_refuses_a_branch_without_the_series(pytorch_tree):
-    result = script("submit", pytorch_tree, "--dry-run")
+def test_submit_names_the_missing_patches(published, submit_env):
+    assert script("apply", published).returncode == 0
+    git(published, "reset", "-q", "--hard", "HEAD~2")
+    result = script("submit", published, "--dry-run", env=submit_env)
     assert result.returncode == 2
+    missing = "".join(f"    {p.name}\n" for p in sorted(PATCHES.glob("*.patch"))[-2:])
+    assert f"  patches that no commit holds:\n{missing}" in result.stderr
+    assert "commits that are not in the series" not in result.stderr
 
 
-def test_submit_without_ghstack_says_how_to_get_it(pytorch_tree, tmp_path):
-    assert script("apply", pytorch_tree).returncode == 0
-    path = os.pathsep.join([str(pathlib.Path(sys.executable).parent), "/usr/bin", "/bin"])
-    result = script("submit", pytorch_tree, env={"PATH": path})
+def test_submit_refuses_a_branch_without_the_series(published, submit_env):
+    result = script("submit", published, "--dry-run", env=submit_env)
+    assert result.returncode == 2
+    assert "the 0 commits that ghstack would submit" in result.stderr
+    assert all(p.name in result.stderr for p in PATCHES.glob("*.patch"))
+
+
+def push(tree, branch):
+    """Push to origin's bare repository (its push URL is GitHub's) and fetch it back."""
+    git(tree, "push", "-q", git(tree, "remote", "get-url", "origin").strip(), branch)
+    git(tree, "fetch", "-q", "origin")
+
+
+def test_submit_refuses_the_series_on_a_tree_it_is_not_for(published, submit_env):
+    # Upstream's API, where no hunk of the series looks.
+    ddp = published / _checkout.DDP
+    ddp.write_text(API.lstrip("\n").replace("    ", "", 1) + ddp.read_text())
+    git(published, "commit", "-qam", "upstream has it")
+    push(published, "main")
+    # scripts/apply says the series is not needed here; git am applies it all the same.
+    subprocess.run(GIT + ["-C", str(published), "am", "-q", *map(str, sorted(PATCHES.glob("*.patch")))], check=True)
+    result = script("submit", published, "--dry-run", env=submit_env)
+    assert result.returncode == 2
+    assert "origin/main (version 2.1.0a0) already has DistributedDataParallel._update_process_group" in result.stderr
+    assert f"--base {bases.LATEST}" in result.stderr
+
+
+def test_submit_follows_the_remote_default_branch(published, submit_env):
+    # The team's 2.1 line is the default branch of its repository; main lacks its fix.
+    git(published, "switch", "-q", "-c", "team-2.1")
+    fix = commit_file(published, "team-fix.txt", "the team's fix")
+    push(published, "team-2.1")
+    git(published, "remote", "set-head", "origin", "team-2.1")
+    assert script("apply", published).returncode == 0
+    result = script("submit", published, "--dry-run", env=submit_env)
+    assert result.returncode == 0, result.stderr
+    assert "(git rev-list HEAD ^origin/team-2.1)" in result.stdout
+    assert "ghstack submit --base team-2.1\n" in result.stdout
+    # Without a recorded default branch, ghstack's would be main, which lacks the fix.
+    git(published, "remote", "set-head", "origin", "--delete")
+    result = script("submit", published, "--dry-run", env=submit_env)
+    assert result.returncode == 2
+    assert "(git rev-list HEAD ^origin/main)" in result.stderr and f"    {fix[:12]} the team's fix\n" in result.stderr
+
+
+def test_submit_refuses_a_fork(published, submit_env, tmp_path):
+    assert script("apply", published).returncode == 0
+    result = script("submit", published, env={**submit_env, "FAKE_GH_FORK": "true"})
+    assert result.returncode == 2
+    assert (
+        'origin is our-team/pytorch on GitHub, a fork, and ghstack refuses it: "Cowardly refusing to upload diffs '
+        'to a repository that is a fork"'
+    ) in result.stderr
+    assert "so it needs write access to that repository itself" in result.stderr
+    assert BASE.submit_to in result.stderr
+    assert ghstack_call(tmp_path) is None
+
+
+def test_submit_warns_that_it_cannot_check_for_a_fork_without_gh(published, submit_env, tmp_path):
+    assert script("apply", published).returncode == 0
+    (tmp_path / "submit-bin" / "gh").unlink()
+    result = script("submit", published, "--dry-run", env=submit_env)
+    assert result.returncode == 0, result.stderr
+    assert (
+        "submit: warning: could not check whether our-team/pytorch (origin) is a fork: the GitHub CLI, gh, "
+        "is not on PATH"
+    ) in result.stderr
+
+
+def test_submit_uses_the_remote_that_ghstack_uses(published, submit_env, tmp_path):
+    assert script("apply", published).returncode == 0
+    rc = tmp_path / "home" / ".ghstackrc"
+    rc.write_text("[ghstack]\nremote_name = upstream\n")
+    result = script("submit", published, "--dry-run", "--remote", "origin", env=submit_env)
+    assert result.returncode == 2
+    assert f"ghstack would submit to the remote upstream (remote_name in {rc}), not origin" in result.stderr
+    result = script("submit", published, "--dry-run", env=submit_env)
+    assert result.returncode == 2 and "has no remote upstream, which ghstack submits to" in result.stderr
+    git(published, "remote", "rename", "origin", "upstream")
+    result = script("submit", published, "--dry-run", env=submit_env)
+    assert result.returncode == 0, result.stderr
+    assert "(git rev-list HEAD ^upstream/main)" in result.stdout
+
+
+def test_submit_help_says_where_each_series_goes():
+    out = script("submit", "--help").stdout
+    for base in bases.BASES.values():
+        assert f"  {base.name}: " in out
+        assert " ".join(base.submit_to.split()) in " ".join(out.split())
+
+
+def test_submit_without_ghstack_says_how_to_get_it(published, submit_env, tmp_path):
+    assert script("apply", published).returncode == 0
+    (tmp_path / "submit-bin" / "ghstack").unlink()
+    result = script("submit", published, env=submit_env)
     assert result.returncode == 2 and "ghstack is not installed" in result.stderr
 
 
@@ -278,12 +635,13 @@ def test_torch_src_dry_run_lists_the_runs(pytorch_tree):
     result = script("test", "--torch-src", pytorch_tree, "--dry-run")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "ours, source build: (cd " in out and str(REPO / "test" / "distributed") in out
-    assert f"upstream test_c10d_gloo.py: (cd {pytorch_tree} && " in out
-    assert "upstream DDP cases, gloo: (cd" in out
-    assert "BACKEND=gloo WORLD_SIZE=2 INIT_METHOD=env://" in out
-    assert "-k ddp or DistributedDataParallel" in out
-    assert "NCCL: no GPUs (0 visible)" in out
+    assert "# ours, source build\n(cd " in out and str(REPO / "test" / "distributed") in out
+    assert f"# upstream test_c10d_gloo.py\n(cd {pytorch_tree} && " in out
+    # release/2.1's run_test.py runs Gloo with 3 ranks on a machine without 2 GPUs.
+    assert "# upstream DDP cases, gloo, world size 3\n(cd" in out
+    assert "BACKEND=gloo WORLD_SIZE=3 INIT_METHOD=env://" in out
+    assert "-k 'ddp or DistributedDataParallel'" in out
+    assert "NCCL: 0 GPU(s) visible, fewer than 2" in out
 
 
 def test_torch_src_needs_a_build_of_that_checkout(pytorch_tree):
