@@ -5,11 +5,17 @@
 // Logger and ProcessGroup arguments convert exactly as they do in init.cpp.
 //
 // Invariant (checked by test/scripts/test_overlay.py): the py::name()s here are
-// the names that the init.cpp hunks bind, no more and no fewer.
+// the names that the init.cpp hunks bind and the bindings of the functions the
+// series changes (series.ReplacedFunction.binding), no more and no fewer. On
+// v2.1.2 all of them are new; on v2.11.0, _reset_state and
+// _update_process_group replace the wheel's bindings of the old functions.
 
+#include <torch/csrc/utils/pybind.h>
+// Before reducer.hpp: a function of libtorch that the series changes is bound
+// under its overlay name, in place of the wheel's binding of the old one.
+#include "overlay_renames.h"
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
-#include <torch/csrc/utils/pybind.h>
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module c10d = py::module::import("torch._C._distributed_c10d");

@@ -3,9 +3,13 @@
 // additions are compiled inside namespace c10d, as in those files.
 //
 // The wheel does not ship reducer.cpp, so what the additions use from its
-// anonymous namespace is declared here, with the value it has in v2.1.2.
+// anonymous namespace is declared here, with the value it has in v2.1.2 and
+// v2.11.0.
 
 #pragma once
+
+// The functions of libtorch that the series changes get other names, first.
+#include "overlay_renames.h"
 
 #include <c10/util/Optional.h>
 #include <torch/csrc/distributed/c10d/logger.hpp>

@@ -70,9 +70,12 @@ def test_headers(tmp_path, monkeypatch):
 
 def test_scope(tmp_path, monkeypatch):
     monkeypatch.setattr(patch_series, "REPO", tmp_path)
-    patch, text = fake(tmp_path, path="torch/nn/parallel/distributed.py")
+    patch, text = fake(tmp_path, path="torch/nn/parallel/scatter_gather.py")
     found = patch_series.lint_scope(patch, text, unidiff.PatchSet(text))
     assert names(found) == ["scope"] and "outside what [c10d]" in found[0].description
+    # The reducer's caller follows a change of the reducer in the same commit.
+    patch, text = fake(tmp_path, path="torch/nn/parallel/distributed.py")
+    assert patch_series.lint_scope(patch, text, unidiff.PatchSet(text)) == []
     patch, text = fake(tmp_path, subject="[DDP] Add a thing", path="torch/csrc/distributed/c10d/reducer.cpp")
     assert patch_series.lint_scope(patch, text, unidiff.PatchSet(text)) == []
     patch, text = fake(tmp_path, subject="[DDP] Test a thing", path="torch/nn/parallel/distributed.py")

@@ -7,6 +7,7 @@ bindings.cpp agree with the series is the patch series linter's job (test_lint.p
 """
 
 import hashlib
+import os
 import pathlib
 import re
 import shutil
@@ -15,11 +16,11 @@ import sys
 
 import pytest
 
-from conftest import WHEEL_ORIGINALS
-from torch_overlay import install as overlay, series, versions
+from conftest import BASE, WHEEL_ORIGINALS
+from torch_overlay import bases, callers, install as overlay, series
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-PATCHES = REPO / "patches"
+PATCHES = BASE.patches(REPO)
 
 
 def sha(data: bytes) -> str:
@@ -47,7 +48,7 @@ def torch_dist(site):
 def repo(tmp_path):
     """A copy of the repository's patches, to change without touching the real ones."""
     copy = tmp_path / "repo"
-    shutil.copytree(PATCHES, copy / "patches")
+    shutil.copytree(PATCHES, BASE.patches(copy))
     return copy
 
 
@@ -82,7 +83,7 @@ def test_series_roles(site):
     assert "bool Reducer::reset_state() {" in "".join(f.text for f in s.fragments)
 
 
-def make_patch(tmp_path, path, before, *afters):
+def make_patch(tmp_path, path, before, *afters, extra=()):
     """A real ``git format-patch`` series that changes ``path`` from ``before`` to each of ``afters`` in turn."""
     work = tmp_path / "scratch"
     work.mkdir()
@@ -96,7 +97,7 @@ def make_patch(tmp_path, path, before, *afters):
         (work / path).write_text(after)
         subprocess.run(git + ["commit", "-qam", f"change {n}"], cwd=work, check=True)
     out = tmp_path / "patches"
-    subprocess.run(git + ["format-patch", "-q", f"-{len(afters)}", "-o", str(out)], cwd=work, check=True)
+    subprocess.run(git + ["format-patch", "-q", *extra, f"-{len(afters)}", "-o", str(out)], cwd=work, check=True)
     return out
 
 
@@ -140,23 +141,139 @@ def test_additions_source_points_into_reducer_cpp(site):
     assert re.search(r'#line \d+ "torch/csrc/distributed/c10d/reducer.cpp"', source)
 
 
+# A series on a base whose libtorch has the functions it changes (v2.11.0)
+
+BASE_CPP = "".join(f"int base_{n};\n" for n in range(1, 11)) + (
+    "void Reducer::f(\n    int a) {\n  old_a();\n  old_b();\n  old_c();\n  old_d();\n  old_e();\n}\n"
+    + "".join(f"int tail_{n};\n" for n in range(1, 11))
+)
+CHANGED_CPP = BASE_CPP.replace("void Reducer::f(", "bool Reducer::f(").replace("  old_c();\n", "  new_c();\n  return true;\n")
+
+
+def test_changed_function_is_replaced_whole(tmp_path, site):
+    added = CHANGED_CPP.replace("int tail_1;\n", "void Reducer::g() {\n  new_g();\n}\nint tail_1;\n")
+    patches = make_patch(tmp_path, series.REDUCER_CPP, BASE_CPP, added, extra=["--function-context"])
+    s = series.read_series(patches, site, replaceable=True)
+    assert [(r.name, r.first_line, r.binding, r.symbol) for r in s.replaced] == [
+        ("Reducer::f", 11, "_f", "_overlay_replaced_f")
+    ]
+    assert s.replaced[0].text == CHANGED_CPP[CHANGED_CPP.index("bool Reducer::f(") : CHANGED_CPP.index("int tail_1")]
+    assert [f.text for f in s.fragments] == ["void Reducer::g() {\n  new_g();\n}\n"]
+    source = overlay.additions_source(s)
+    assert "// replaces c10d::Reducer::f\n#line 11" in source and "new_c();" in source
+
+
+def test_changed_function_not_shown_whole_is_refused(tmp_path, site):
+    patches = make_patch(tmp_path, series.REDUCER_CPP, BASE_CPP, CHANGED_CPP.replace("bool Reducer", "void Reducer"))
+    with pytest.raises(series.SeriesError, match="without showing all of it.*--function-context"):
+        series.read_series(patches, site, replaceable=True)
+
+
+def test_changed_function_is_refused_on_an_additive_base(tmp_path, site):
+    patches = make_patch(tmp_path, series.REDUCER_CPP, BASE_CPP, CHANGED_CPP, extra=["--function-context"])
+    with pytest.raises(series.SeriesError, match="removes line 11, a line of the base file.*keep C\\+\\+ changes additive"):
+        series.read_series(patches, site)
+
+
+def test_v2_11_series_roles(tmp_path):
+    # The files the v2.11.0 wheel ships, as placeholders: roles depend only on which exist.
+    site = tmp_path / "site-packages"
+    for path in ("torch/nn/parallel/distributed.py", "torch/_C/_distributed_c10d.pyi",
+                 "torch/testing/_internal/distributed/distributed_test.py"):
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_text("")
+    for header in ("reducer.hpp", "logger.hpp"):
+        (site / "torch/include/torch/csrc/distributed/c10d" / header).parent.mkdir(parents=True, exist_ok=True)
+        (site / "torch/include/torch/csrc/distributed/c10d" / header).write_text("")
+    s = series.read_series(bases.get("v2.11.0").patches(REPO), site, replaceable=True)
+    assert [r.name for r in s.replaced] == ["Reducer::update_process_group", "Reducer::reset_state"]
+    assert s.replaced[1].text.startswith("bool Reducer::reset_state() {")
+    assert sorted(s.bound_methods) == ["_remove_comm_hook", "_set_process_group_data"]
+    assert "void Reducer::sync_bucket_assignment(" in "".join(f.text for f in s.fragments)
+    assert "torch/testing/_internal/distributed/distributed_test.py" in s.applied
+
+
+def test_renames_reach_only_the_replaced_functions(tmp_path, site):
+    include = tmp_path / "include"
+    for header, includes in (("reducer.hpp", "#include <mutex>\n#include <c10/core/ScalarType.h>\n"),
+                             ("logger.hpp", "#include <torch/csrc/distributed/c10d/reducer.hpp>\n")):
+        (include / "torch/csrc/distributed/c10d" / header).parent.mkdir(parents=True, exist_ok=True)
+        (include / "torch/csrc/distributed/c10d" / header).write_text(includes + "class X {};\n")
+    patches = make_patch(tmp_path, series.REDUCER_CPP, BASE_CPP, CHANGED_CPP, extra=["--function-context"])
+    header = overlay.renames_source(series.read_series(patches, site, replaceable=True), include)
+    # What the two headers include comes before the rename, and not the headers themselves.
+    assert header.splitlines()[-3:] == ["#include <mutex>", "#include <c10/core/ScalarType.h>", "#define f _overlay_replaced_f"]
+    assert "#define" not in overlay.renames_source(series.read_series(PATCHES, site), include)
+
+
+def fake_binutils(tmp_path, monkeypatch, call_from):
+    """nm, readelf and objdump that show c10d::Reducer::f defined in libtorch_cpu.so and called from ``call_from``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "libtorch_cpu.so").write_text("")
+    (lib / "libtorch_python.so").write_text("")
+    scripts = {
+        "nm": """[ "$1" = -C ] && echo "0000 T c10d::Reducer::f()" || echo "0000 T _ZN4c10d7Reducer1fEv" """,
+        "readelf": """case "$2" in *python*) echo "0 0 R_X86_64_JUMP_SLOT 0 _ZN4c10d7Reducer1fEv + 0";; esac""",
+        "objdump": f"""printf '0000 <_ZN4c10d7Reducer1fEv@plt>:\\n 10:\\tjmp *0x1(%%rip)\\n0100 <{call_from}>:\\n 110:\\tcall 10 <_ZN4c10d7Reducer1fEv@plt>\\n'""",
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return lib
+
+
+def test_replacing_a_function_that_libtorch_calls_is_refused(tmp_path, monkeypatch):
+    lib = fake_binutils(tmp_path, monkeypatch, "_ZN4c10d7Reducer17finalize_backwardEv")
+    found = callers.unsound_replacements(lib, ["Reducer::f"])
+    assert [(s.library, s.caller) for s in found["Reducer::f"]] == [
+        ("libtorch_python.so", "c10d::Reducer::finalize_backward()")
+    ]
+
+
+def test_a_function_only_its_binding_calls_can_be_replaced(tmp_path, monkeypatch):
+    # What c++filt makes of the dispatcher of init.cpp's binding, as in the torch 2.11.0 wheel.
+    dispatcher = (
+        "pybind11::cpp_function::initialize<torch::distributed::c10d::(anonymous namespace)::c10d_init"
+        "(_object*, _object*)::{lambda(c10d::Reducer&)#5}, void, c10d::Reducer&>"
+    )
+    assert callers.CallSite("libtorch_python.so", dispatcher).is_binding
+    lib = fake_binutils(tmp_path, monkeypatch, "_Z4mainv")
+    assert [s.caller for s in callers.unsound_replacements(lib, ["Reducer::f"])["Reducer::f"]] == ["main()"]
+    with pytest.raises(callers.CallersError, match="no library in .* defines c10d::Reducer::g"):
+        callers.unsound_replacements(lib, ["Reducer::g"])
+
+
 @pytest.mark.parametrize(
-    "version, message",
+    "base, version, message",
     [
-        ("2.2.0", "already has DistributedDataParallel._update_process_group upstream"),
-        ("2.13.0", "already has DistributedDataParallel._update_process_group upstream"),
-        ("2.0.1", "needs torch 2.1.x"),
-        ("nonsense", "cannot read a torch version"),
+        ("v2.1.2", "2.2.0", "has DistributedDataParallel._update_process_group upstream.*--base v2.11.0"),
+        ("v2.1.2", "2.13.0", "has DistributedDataParallel._update_process_group upstream"),
+        ("v2.1.2", "2.11.0", "that is the base v2.11.0: pass --base v2.11.0"),
+        ("v2.1.2", "2.0.1", "needs torch 2.1.x"),
+        ("v2.11.0", "2.1.2", "needs torch 2.11.x; that is the base v2.1.2"),
+        ("v2.11.0", "2.13.0", "needs torch 2.11.x; install torch==2.11.0"),
+        ("v2.1.2", "nonsense", "cannot read a torch version"),
     ],
 )
-def test_unsupported_torch_versions(version, message):
-    with pytest.raises(versions.UnsupportedTorch, match=message):
-        versions.check(version)
+def test_unsupported_torch_versions(base, version, message):
+    with pytest.raises(bases.UnsupportedTorch, match=message):
+        bases.get(base).check(version)
 
 
-@pytest.mark.parametrize("version", ["2.1.0", "2.1.2", "2.1.2+cpu"])
-def test_supported_torch_versions(version):
-    versions.check(version)
+@pytest.mark.parametrize(
+    "base, version", [("v2.1.2", "2.1.0"), ("v2.1.2", "2.1.2"), ("v2.1.2", "2.1.2+cpu"), ("v2.11.0", "2.11.0+cu130")]
+)
+def test_supported_torch_versions(base, version):
+    bases.get(base).check(version)
+
+
+def test_unknown_base():
+    with pytest.raises(bases.UnsupportedTorch, match="no series for the base 'v9'; the bases are v2.1.2, v2.11.0"):
+        bases.get("v9")
 
 
 # Installing into a stand-in site-packages
@@ -164,15 +281,15 @@ def test_supported_torch_versions(version):
 
 def test_install_status_uninstall(repo, site, torch_dist, capsys):
     build = FakeBuild()
-    overlay.install(repo, torch_dist, build)
+    overlay.install(repo, torch_dist, BASE, build)
     assert build.calls == 1
     distributed = (site / "torch/nn/parallel/distributed.py").read_text()
     assert "    def _update_process_group(\n" in distributed
     assert "bool reset_state();" in (site / "torch/include/torch/csrc/distributed/c10d/reducer.hpp").read_text()
     assert (site / (overlay.PACKAGE + ".pth")).read_text() == f"import {overlay.PACKAGE}\n"
-    assert overlay.status(repo, torch_dist) == 0
+    assert overlay.status(repo, torch_dist, BASE) == 0
 
-    overlay.install(repo, torch_dist, build)
+    overlay.install(repo, torch_dist, BASE, build)
     assert build.calls == 1, "an up-to-date install rebuilt"
     assert "already installed and up to date" in capsys.readouterr().out
 
@@ -181,28 +298,28 @@ def test_install_status_uninstall(repo, site, torch_dist, capsys):
         assert (site / installed).read_bytes() == data
     assert not (site / overlay.PACKAGE).exists()
     assert not (site / (overlay.PACKAGE + ".pth")).exists()
-    assert overlay.status(repo, torch_dist) == 1
+    assert overlay.status(repo, torch_dist, BASE) == 1
 
 
 def test_install_rebuilds_when_patches_change(repo, site, torch_dist):
     build = FakeBuild()
-    overlay.install(repo, torch_dist, build)
-    patch = sorted((repo / "patches").glob("*.patch"))[1]
+    overlay.install(repo, torch_dist, BASE, build)
+    patch = sorted(BASE.patches(repo).glob("*.patch"))[1]
     patch.write_text(patch.read_text().replace("Swap the process group", "Replace the process group", 1))
-    assert overlay.status(repo, torch_dist) == 2
-    overlay.install(repo, torch_dist, build)
+    assert overlay.status(repo, torch_dist, BASE) == 2
+    overlay.install(repo, torch_dist, BASE, build)
     assert build.calls == 2
-    assert overlay.status(repo, torch_dist) == 0
+    assert overlay.status(repo, torch_dist, BASE) == 0
     overlay.uninstall(torch_dist)
     for installed, data in ORIGINALS.items():
         assert (site / installed).read_bytes() == data
 
 
 def test_status_notices_a_file_changed_behind_its_back(repo, site, torch_dist):
-    overlay.install(repo, torch_dist, FakeBuild())
+    overlay.install(repo, torch_dist, BASE, FakeBuild())
     with open(site / "torch/nn/parallel/distributed.py", "a") as f:
         f.write("# edited\n")
-    assert overlay.status(repo, torch_dist) == 2
+    assert overlay.status(repo, torch_dist, BASE) == 2
 
 
 @pytest.mark.parametrize("version", ["2.2.0", "2.0.1"])
@@ -210,26 +327,26 @@ def test_install_refuses_other_torch_and_changes_nothing(repo, site, torch_dist,
     before = site_state(site)
     torch_dist.version = version
     with pytest.raises(overlay.OverlayError, match="upstream|needs torch 2.1.x"):
-        overlay.install(repo, torch_dist, FakeBuild())
+        overlay.install(repo, torch_dist, BASE, FakeBuild())
     assert site_state(site) == before
 
 
 def test_patch_that_does_not_apply_changes_nothing(repo, site, torch_dist):
     before = site_state(site)
-    patch = sorted((repo / "patches").glob("*.patch"))[1]
+    patch = sorted(BASE.patches(repo).glob("*.patch"))[1]
     # Corrupt a context line of the distributed.py hunk.
     text = patch.read_text()
     assert "\n RPC_AVAILABLE = False\n" in text
     patch.write_text(text.replace("\n RPC_AVAILABLE = False\n", "\n RPC_AVAILABLE = None\n", 1))
     with pytest.raises(overlay.OverlayError, match="does not apply to the files of the installed torch"):
-        overlay.install(repo, torch_dist, FakeBuild())
+        overlay.install(repo, torch_dist, BASE, FakeBuild())
     assert site_state(site) == before
 
 
 def test_failed_build_changes_nothing(repo, site, torch_dist):
     before = site_state(site)
     with pytest.raises(overlay.OverlayError, match="compiler said no"):
-        overlay.install(repo, torch_dist, FakeBuild(error=overlay.OverlayError("compiler said no")))
+        overlay.install(repo, torch_dist, BASE, FakeBuild(error=overlay.OverlayError("compiler said no")))
     assert site_state(site) == before
 
 
@@ -238,7 +355,7 @@ def test_modified_torch_is_refused(repo, site, torch_dist):
         f.write("# local change\n")
     before = site_state(site)
     with pytest.raises(overlay.OverlayError, match="differs from the file the torch 2.1.2 wheel installed"):
-        overlay.install(repo, torch_dist, FakeBuild())
+        overlay.install(repo, torch_dist, BASE, FakeBuild())
     assert site_state(site) == before
 
 
@@ -254,7 +371,7 @@ def test_scripts_have_help(script):
 
 @pytest.mark.parametrize(
     "version, message",
-    [("2.13.0", "already has DistributedDataParallel._update_process_group upstream"), ("2.0.1", "needs torch 2.1.x")],
+    [("2.13.0", "has DistributedDataParallel._update_process_group upstream"), ("2.0.1", "needs torch 2.1.x")],
 )
 def test_overlay_install_refuses_a_venv_with_other_torch(tmp_path, version, message):
     # A stand-in venv whose python reports that torch version, and would fail at anything else.

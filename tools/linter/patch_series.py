@@ -1,6 +1,7 @@
 """The patch series linter: what a reviewer of the stack checks before reading the code.
 
-For the series in patches/ (lintrunner passes the patch files):
+For each series in patches/BASE/ (lintrunner passes the patch files), against the
+wheel of its base (the venv of scripts/overlay install --base BASE):
 
 * HEADER: every patch has an author, a date, a "[area] Subject", a body that says
   why and a "Test Plan:", in PyTorch's own form: upstream PRs are cited in the body,
@@ -9,8 +10,10 @@ For the series in patches/ (lintrunner passes the patch files):
 * NOISE: no hunk only re-formats a line, and no added line has trailing
   whitespace or tabs;
 * APPLY: the series applies to the wheel's base files where the wheel has them,
-  and the overlay can carry it (reducer.cpp and logger.cpp hunks additive, bindings.cpp binding
-  exactly what the init.cpp hunks bind);
+  and the overlay can carry it: reducer.cpp and logger.cpp hunks additive on v2.1.2;
+  on v2.11.0, every function of libtorch that the series changes shown whole, and
+  called by nothing in the wheel's libraries but its Python binding; bindings.cpp
+  binding exactly what the init.cpp hunks bind and the changed functions;
 * AGREE: test/distributed holds exactly what the series adds there;
 * FLAKE8 / CLANGFORMAT: the Python and C++ the series adds, checked in place in
   the patched files with the repository's flake8 and clang-format settings;
@@ -33,7 +36,7 @@ import unidiff
 from adapter import clang_format_messages, flake8, LintMessage, REPO, ufmt_format
 
 sys.path.insert(0, str(REPO))
-from torch_overlay import install as overlay, series  # noqa: E402
+from torch_overlay import bases, install as overlay, series  # noqa: E402
 
 CODE = "PATCHES"
 TEST_PLAN = re.compile(r"^Test Plan:", re.M)
@@ -44,9 +47,11 @@ SUBJECT = re.compile(r"^\[PATCH(?: \d+/\d+)?\] \[(?P<area>[^\]]+)\] (?P<title>\S
 # What each subject area may touch. A "[DDP] Test ..." patch holds tests only; a
 # [DDP] change may reach into the reducer it runs on, and brings its tests along.
 C10D = ("torch/csrc/distributed/c10d/", "torch/_C/_distributed_c10d.pyi")
-TESTS = ("test/distributed/",)
+# Upstream's own distributed tests live in torch.testing._internal.distributed.
+TESTS = ("test/distributed/", "torch/testing/_internal/distributed/")
 SCOPES: Dict[str, Tuple[str, ...]] = {
-    "c10d": C10D + TESTS,
+    # DDP is the reducer's only caller, and follows a change of its interface.
+    "c10d": C10D + ("torch/nn/parallel/distributed.py",) + TESTS,
     "DDP": ("torch/nn/parallel/", "torch/distributed/") + C10D + TESTS,
     "DDP test": TESTS,
 }
@@ -114,13 +119,15 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
     for patched_file in patch_set:
         for hunk in patched_file:
             removed = {"".join(line.value.split()) for line in hunk if line.is_removed}
+            # A line that comes back unchanged elsewhere in the hunk moved; that is no reformat.
+            moved = {line.value for line in hunk if line.is_removed}
             for line in hunk:
                 if not line.is_added:
                     continue
                 value = line.value.rstrip("\n")
                 if value != value.rstrip() or "\t" in value:
                     found.append(message(patch, "whitespace", "added line has trailing whitespace or a tab", line.diff_line_no))
-                if line.value.strip() and "".join(line.value.split()) in removed:
+                if line.value.strip() and "".join(line.value.split()) in removed and line.value not in moved:
                     found.append(
                         message(
                             patch,
@@ -234,11 +241,13 @@ def lint_added_code(tree: pathlib.Path, patches: series.Series, patch_sets) -> L
 def lint_agreement(patch_files: List[pathlib.Path], patches: series.Series) -> List[LintMessage]:
     found = []
     glue = re.findall(r'py::name\("(\w+)"\)', (REPO / "torch_overlay" / "bindings.cpp").read_text())
-    if sorted(glue) != sorted(patches.bound_methods):
+    expected = sorted(patches.bound_methods + [r.binding for r in patches.replaced])
+    if sorted(glue) != expected:
         found.append(
             LintMessage(
                 "torch_overlay/bindings.cpp", None, None, CODE, "error", "bindings",
-                f"binds {sorted(glue)}, but the init.cpp hunks bind {sorted(patches.bound_methods)}",
+                f"binds {sorted(glue)}, but the init.cpp hunks and the functions the series changes "
+                f"bind {expected}",
             )
         )
     with tempfile.TemporaryDirectory() as tmp:
@@ -262,8 +271,38 @@ def lint_agreement(patch_files: List[pathlib.Path], patches: series.Series) -> L
     return found
 
 
+def base_torch(base: bases.Base) -> overlay.Torch:
+    """The torch of ``base``'s overlay venv: this interpreter's, or the venv scripts/overlay makes for it."""
+    torch = overlay.Torch.find()
+    if bases.parse(torch.version) == base.release:
+        return torch
+    venv = REPO / (".venv" if base.name == bases.DEFAULT else f".venv-{base.name}")
+    found = sorted(venv.glob("lib/python*/site-packages"))
+    if not found:
+        raise overlay.OverlayError(
+            f"the {base.name} series is linted against torch {base.torch}, which is not in {venv}: "
+            f"run scripts/overlay install --base {base.name}"
+        )
+    return overlay.Torch.at(found[0])
+
+
 def lint(paths: List[pathlib.Path]) -> List[LintMessage]:
-    patch_files = sorted(REPO / p for p in paths)
+    by_base: Dict[str, List[pathlib.Path]] = {}
+    for path in sorted(REPO / p for p in paths):
+        by_base.setdefault(path.parent.name, []).append(path)
+    found: List[LintMessage] = []
+    for name, patch_files in by_base.items():
+        if name not in bases.BASES:
+            found.append(
+                LintMessage(str(patch_files[0].parent.relative_to(REPO)), None, None, CODE, "error", "base",
+                            f"no base {name!r}: the series go in patches/BASE/, BASE one of {', '.join(bases.BASES)}")
+            )
+            continue
+        found += lint_series(bases.BASES[name], patch_files)
+    return found
+
+
+def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintMessage]:
     found: List[LintMessage] = []
     patch_sets = {}
     for patch in patch_files:
@@ -272,13 +311,14 @@ def lint(paths: List[pathlib.Path]) -> List[LintMessage]:
         found += lint_header(patch, text)
         found += lint_scope(patch, text, patch_sets[patch])
         found += lint_noise(patch, patch_sets[patch])
-    torch = overlay.Torch.find()
     try:
-        patches = series.read_series(REPO / "patches", torch.site_packages)
+        torch = base_torch(base)
+        patches = series.read_series(base.patches(REPO), torch.site_packages, replaceable=base.has_api)
+        overlay.check_replacements(torch, patches)
         sources = overlay.originals(torch, overlay.Manifest.read(torch.site_packages), patches.applied)
         with tempfile.TemporaryDirectory() as tmp:
             overlay.apply_patches(pathlib.Path(tmp), patches, sources)
             found += lint_added_code(pathlib.Path(tmp), patches, patch_sets)
     except (series.SeriesError, overlay.OverlayError) as e:
-        return found + [LintMessage("patches", None, None, CODE, "error", "apply", str(e))]
+        return found + [LintMessage(f"patches/{base.name}", None, None, CODE, "error", "apply", str(e))]
     return found + lint_agreement(patch_files, patches)
