@@ -1323,8 +1323,12 @@ on the new process group instead.""",
         store = dist.PrefixStore(
             "other_device", dist.distributed_c10d._get_default_store()
         )
-        options = dist.ProcessGroup.Options(backend="gloo")
-        wrong = dist.ProcessGroup(store, self.rank, self.world_size, options)
+        if hasattr(dist.ProcessGroup, "Options"):
+            # Releases whose ProcessGroup takes Options, such as 2.1.
+            options = dist.ProcessGroup.Options(backend="gloo")
+            wrong = dist.ProcessGroup(store, self.rank, self.world_size, options)
+        else:
+            wrong = dist.ProcessGroup(store, self.rank, self.world_size)
         wrong._register_backend(
             other,
             dist.ProcessGroup.BackendType.GLOO,

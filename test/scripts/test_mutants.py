@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from conftest import PATCHES, REPO
+from conftest import REPO
+from torch_overlay import bases
 
 sys.path.insert(0, str(REPO / "scripts"))
 _loader = importlib.machinery.SourceFileLoader("mutants", str(REPO / "scripts" / "mutants"))
@@ -44,11 +45,15 @@ def test_replacement_of_a_line_the_patch_does_not_add_is_refused(tmp_path):
         mutants.mutate(tmp_path, {"name": "m", "patch": "0001", "replace": [["a", "z"]]})
 
 
-@pytest.mark.parametrize("mutant", mutants.load(mutants.MUTANTS), ids=lambda m: m["name"])
-def test_every_mutant_fits_the_series(mutant):
+@pytest.mark.parametrize(
+    "base, mutant",
+    [(base, m) for base in bases.BASES.values() for m in mutants.load(mutants.MUTANTS / f"{base.name}.toml")],
+    ids=lambda x: x.name if isinstance(x, bases.Base) else x["name"],
+)
+def test_every_mutant_fits_the_series(base, mutant):
     assert ("kills" in mutant) != ("survives" in mutant), "a mutant says either what kills it or why it survives"
     assert ("survives" in mutant) == ("runs" in mutant), "a survivor says which tests exercise it"
-    patch = sorted(PATCHES.glob(mutant["patch"] + "-*.patch"))
+    patch = sorted(base.patches(REPO).glob(mutant["patch"] + "-*.patch"))
     assert len(patch) == 1
     added = patch[0].read_text().split("\n")
     for old, _ in mutant["replace"]:
