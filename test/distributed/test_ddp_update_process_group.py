@@ -517,6 +517,30 @@ class UpdateProcessGroupTestBase:
         for step in range(4, 6):
             self._step(ddp, ddp, everyone, step)
 
+    def test_recover_when_a_collective_fails(self):
+        # The upper half of the ranks leave, so the lower half's allreduces of
+        # the next pass fail only where finalize_backward() waits for them,
+        # after every bucket was launched. The lower half go on as a group of
+        # another size, with fc2 unused: what the failed pass set up for the
+        # old group (the division factor, the map of used parameters) must not
+        # outlive it.
+        if self.backend == "nccl":
+            self.skipTest("NCCL does not report a dead peer where work is waited on")
+        self._init_default_group()
+        everyone = list(range(self.world_size))
+        lower = everyone[: self.world_size // 2]
+        old_pg = dist.new_group(everyone, timeout=timedelta(seconds=5))
+        lower_pg = dist.new_group(lower)
+        ddp = self._ddp(process_group=old_pg, find_unused_parameters=True)
+        self._step(ddp, ddp, everyone, 0)
+        if self.rank not in lower:
+            return
+        with self.assertRaises(RuntimeError):
+            _loss(ddp(_sample(self.rank, 1, self.device))).backward()
+        ddp._update_process_group(lower_pg)
+        self._step(ddp, ddp, lower, 2, use_fc2=False)
+        self._step(ddp, ddp, lower, 3)
+
     @parametrize("static_graph", [False, True])
     @parametrize("caller", ["training_thread", "other_thread"])
     def test_change_between_forward_and_backward(self, static_graph, caller):
@@ -1288,9 +1312,10 @@ the new process group: it has ranks 0 to 3.""",
             str(caught.exception),
             """\
 DistributedDataParallel._update_process_group() does not support parameters whose \
-allreduce is delayed (delay_all_reduce_named_params): their hook allreduces over the \
-process group that the module was constructed with. Construct DistributedDataParallel \
-on the new process group instead.""",
+allreduce is delayed (delay_all_reduce_named_params): DDP launches that allreduce \
+outside the reducer and never waits for it, so after a failed backward pass it could \
+still be writing into their gradient buffer. Construct DistributedDataParallel on the \
+new process group instead.""",
         )
         self.assertIs(ddp.process_group, dist.group.WORLD)
         if delayed == "all":
