@@ -8,12 +8,17 @@ of libtorch, and no other binding. This module finds every call site of the
 function in the wheel's shared libraries, with binutils:
 
 * ``nm -D`` gives the function's symbol in the library that defines it;
-* ``readelf -r`` tells which libraries refer to the symbol at all. PyTorch's
-  libraries are built with -fPIC and without -fno-semantic-interposition or
-  -Bsymbolic, so even a call from the defining library itself goes through
-  its procedure linkage table and has a relocation;
-* ``objdump -d`` of those libraries gives each call or jump to the symbol's
-  PLT entry, and the function it lies in.
+* ``readelf -r`` tells which other libraries refer to the symbol at all;
+* ``objdump -d`` of those libraries and of the defining one gives each call or
+  jump to the symbol, through its PLT entry or directly, and the function it
+  lies in. (PyTorch's libraries are built with -fPIC and GCC's semantic
+  interposition, so even calls within the defining library go through the
+  PLT; the direct ones are looked for in case a build binds them locally.)
+
+A call through a function pointer that was stored elsewhere would not show;
+the functions the series changes are only taken by address in the bindings.
+A function with no call site at all is reported too: then its binding, at
+least, calls it in a way this check cannot see.
 
 A call site is the binding when it lies in a pybind11 dispatcher
 (``pybind11::cpp_function::initialize<...>``) of a lambda of ``c10d_init``,
@@ -25,7 +30,7 @@ import pathlib
 import re
 import shutil
 import subprocess
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 TOOLS = ("nm", "readelf", "objdump", "c++filt")
 BINDING = re.compile(r"^pybind11::cpp_function::initialize<.*\bc10d_init\(")
@@ -62,9 +67,9 @@ def _demangle(symbols: List[str]) -> List[str]:
     return result.stdout.splitlines()
 
 
-def symbols_of(lib_dir: pathlib.Path, qualified_names: Sequence[str]) -> Dict[str, str]:
-    """The dynamic symbol of each function ``c10d::NAME`` that a library in ``lib_dir`` defines."""
-    found: Dict[str, str] = {}
+def symbols_of(lib_dir: pathlib.Path, qualified_names: Sequence[str]) -> Dict[str, Tuple[str, str]]:
+    """The dynamic symbol of each function ``c10d::NAME``, and the library in ``lib_dir`` that defines it."""
+    found: Dict[str, Tuple[str, str]] = {}
     for library in sorted(lib_dir.glob("libtorch*.so")):
         listing = ["nm", "-D", "--defined-only", str(library)]
         # The same symbols in the same order, mangled and demangled.
@@ -73,28 +78,51 @@ def symbols_of(lib_dir: pathlib.Path, qualified_names: Sequence[str]) -> Dict[st
         for symbol, readable in zip(mangled, demangled):
             for name in qualified_names:
                 if f" c10d::{name}(" in readable:
-                    found[name] = symbol.split()[-1]
+                    found[name] = (symbol.split()[-1], library.name)
     missing = [n for n in qualified_names if n not in found]
     if missing:
         raise CallersError(f"no library in {lib_dir} defines {', '.join('c10d::' + n for n in missing)}")
     return found
 
 
-def call_sites(lib_dir: pathlib.Path, symbol: str) -> List[CallSite]:
-    """Every call of ``symbol`` in the libraries of ``lib_dir``, with the function it lies in."""
-    sites: List[CallSite] = []
+def call_sites(lib_dir: pathlib.Path, symbols: Dict[str, str]) -> Dict[str, List[CallSite]]:
+    """Every call of each symbol in the libraries of ``lib_dir``, with the function it lies in.
+
+    ``symbols`` maps each symbol to the library that defines it, which is always searched;
+    each library is disassembled once, for all of them.
+    """
+    sites: Dict[str, List[CallSite]] = {symbol: [] for symbol in symbols}
     for library in sorted(lib_dir.glob("*.so*")):
-        if symbol not in _run(["readelf", "-rW", str(library)]):
+        relocations = None
+        wanted = []
+        for symbol, defined_in in symbols.items():
+            if library.name != defined_in:
+                if relocations is None:
+                    relocations = _run(["readelf", "-rW", str(library)])
+                if symbol not in relocations:
+                    continue
+            wanted.append(symbol)
+        if not wanted:
             continue
-        callers = []
+        targets = {s: re.compile(rf"\s(call|jmp)\s.*<{re.escape(s)}(@plt|\.localalias)?>") for s in wanted}
+        callers: Dict[str, List[str]] = {s: [] for s in wanted}
         current = ""
-        for line in _run(["objdump", "-d", "--no-show-raw-insn", str(library)]).splitlines():
-            label = _FUNCTION_LABEL.match(line)
-            if label:
-                current = label.group("symbol")
-            elif f"<{symbol}@plt>" in line and re.search(r"\s(call|jmp)\s", line) and current != f"{symbol}@plt":
-                callers.append(current)
-        sites += [CallSite(library.name, caller) for caller in _demangle(callers)]
+        # Streamed: the disassembly of libtorch_cpu.so runs to gigabytes.
+        cmd = ["objdump", "-d", "--no-show-raw-insn", str(library)]
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as objdump:
+            assert objdump.stdout is not None
+            for line in objdump.stdout:
+                label = _FUNCTION_LABEL.match(line.rstrip("\n"))
+                if label:
+                    current = label.group("symbol")
+                    continue
+                for symbol in wanted:
+                    if symbol in line and targets[symbol].search(line) and current.split("@")[0].split(".")[0] != symbol:
+                        callers[symbol].append(current)
+        if objdump.returncode != 0:
+            raise CallersError(f"objdump -d {library} failed with exit code {objdump.returncode}")
+        for symbol in wanted:
+            sites[symbol] += [CallSite(library.name, caller) for caller in _demangle(callers[symbol])]
     return sites
 
 
@@ -107,4 +135,11 @@ def unsound_replacements(lib_dir: pathlib.Path, qualified_names: Sequence[str]) 
     if missing_tools:
         raise CallersError(f"{', '.join(missing_tools)} not found: install binutils (apt-get install binutils)")
     symbols = symbols_of(lib_dir, qualified_names)
-    return {name: [s for s in call_sites(lib_dir, symbols[name]) if not s.is_binding] for name in qualified_names}
+    found = call_sites(lib_dir, dict(symbols.values()))
+    unsound: Dict[str, List[CallSite]] = {}
+    for name, (symbol, _) in symbols.items():
+        sites = found[symbol]
+        if not sites:
+            sites = [CallSite("", "no call site was found, not even its binding's")]
+        unsound[name] = [s for s in sites if not s.is_binding]
+    return unsound

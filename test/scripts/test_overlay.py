@@ -247,6 +247,14 @@ def test_a_function_only_its_binding_calls_can_be_replaced(tmp_path, monkeypatch
         callers.unsound_replacements(lib, ["Reducer::g"])
 
 
+def test_a_function_nothing_is_seen_calling_is_not_replaced(tmp_path, monkeypatch):
+    # Not even its binding: it is called in a way the check cannot see.
+    lib = fake_binutils(tmp_path, monkeypatch, "_Z4mainv")
+    (tmp_path / "bin" / "objdump").write_text("#!/bin/sh\necho '0100 <_Z4mainv>:'\n")
+    found = callers.unsound_replacements(lib, ["Reducer::f"])
+    assert [s.caller for s in found["Reducer::f"]] == ["no call site was found, not even its binding's"]
+
+
 @pytest.mark.parametrize(
     "base, version, message",
     [
