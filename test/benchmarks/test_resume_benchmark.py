@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch._dynamo.config
 
 BENCHMARK = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "resume_after_membership_change.py"
 spec = importlib.util.spec_from_file_location("resume_after_membership_change", BENCHMARK)
@@ -66,10 +67,14 @@ def test_the_goals_are_reported_after_the_table(report):
 
 def test_what_compiles_again(report):
     # The module stays the same object in a, a_sync and b, so Dynamo's guards still hold;
-    # new module objects (d) and new processes (c) compile their graph again.
+    # new processes (c) compile their graph again, and so do new module objects (d) where
+    # Dynamo guards on the module object. Where it inlines nn modules
+    # (inline_inbuilt_nn_modules, the default in later releases than 2.1), the guards
+    # hold for a new module of the same structure too.
     _, _, data = report
     compiled = {name: path["graphs_compiled"] for name, path in data["results"][0]["paths"].items()}
-    assert compiled == {"a": 0, "a_sync": 0, "b": 0, "c": 1, "d": 1}
+    new_module_compiles = 0 if getattr(torch._dynamo.config, "inline_inbuilt_nn_modules", False) else 1
+    assert compiled == {"a": 0, "a_sync": 0, "b": 0, "c": 1, "d": new_module_compiles}
 
 
 def without_the_steady_peak_rss(data):
