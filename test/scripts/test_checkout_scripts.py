@@ -653,3 +653,39 @@ def test_torch_src_needs_a_build_of_that_checkout(pytorch_tree):
 def test_torch_src_needs_a_pytorch_tree(tmp_path):
     result = script("test", "--torch-src", tmp_path, "--dry-run")
     assert result.returncode == 2 and "is not a git checkout" in result.stderr
+
+
+def _load_submit():
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("submit", str(REPO / "scripts" / "submit"))
+    spec = importlib.util.spec_from_loader("submit", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_a_commit_is_its_patch_whatever_the_context(tmp_path):
+    # The v2.11.0 series' .cpp diffs carry whole functions as context, which git patch-id
+    # counts; what a commit removes and adds is what scripts/submit compares.
+    submit = _load_submit()
+    tree = tmp_path / "tree"
+    subprocess.run(GIT + ["init", "-q", str(tree)], check=True)
+    body = "".join(f"  step_{n}();\n" for n in range(20))
+    (tree / "f.cpp").write_text(f"void f() {{\n{body}}}\n")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "base")
+    (tree / "f.cpp").write_text(f"void f() {{\n{body.replace('step_10', 'changed_10')}}}\n")
+    git(tree, "commit", "-qam", "[c10d] Change f")
+    shown = git(tree, "show", "--format=", "HEAD")
+    whole = git(tree, "format-patch", "--stdout", "--no-signature", "--function-context", "-1", "HEAD")
+    ids = [
+        subprocess.run(["git", "patch-id", "--stable"], input=text, capture_output=True, text=True).stdout.split()[0]
+        for text in (shown, whole)
+    ]
+    assert ids[0] != ids[1]
+    assert submit.change_id(shown) == submit.change_id(whole)
+    other = git(tree, "format-patch", "--stdout", "--no-signature", "-1", "HEAD").replace("changed_10", "changed_11")
+    assert submit.change_id(other) != submit.change_id(shown)
