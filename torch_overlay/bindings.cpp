@@ -10,12 +10,15 @@
 // v2.1.2 all of them are new; on v2.11.0, _reset_state and
 // _update_process_group replace the wheel's bindings of the old functions.
 
+// Not in clang-format's order: overlay_renames.h comes before reducer.hpp, so
+// that a function of libtorch that the series changes is bound under its
+// overlay name, in place of the wheel's binding of the old one.
+// clang-format off
 #include <torch/csrc/utils/pybind.h>
-// Before reducer.hpp: a function of libtorch that the series changes is bound
-// under its overlay name, in place of the wheel's binding of the old one.
 #include "overlay_renames.h"
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
+// clang-format on
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module c10d = py::module::import("torch._C._distributed_c10d");

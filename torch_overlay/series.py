@@ -280,7 +280,7 @@ def _whole_changes(
     for run in runs:
         texts = [known[n].text for n in run]
         for first, last in _whole_functions(texts):
-            patches = [known[n].patch for n in run[first : last + 1] if known[n].patch]
+            patches = [p for p in (known[n].patch for n in run[first : last + 1]) if p is not None]
             if not patches:
                 continue  # context that no patch changed
             match = _DEFINITION.match(texts[first])

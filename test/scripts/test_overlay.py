@@ -217,7 +217,10 @@ def fake_binutils(tmp_path, monkeypatch, call_from):
     scripts = {
         "nm": """[ "$1" = -C ] && echo "0000 T c10d::Reducer::f()" || echo "0000 T _ZN4c10d7Reducer1fEv" """,
         "readelf": """case "$2" in *python*) echo "0 0 R_X86_64_JUMP_SLOT 0 _ZN4c10d7Reducer1fEv + 0";; esac""",
-        "objdump": f"""printf '0000 <_ZN4c10d7Reducer1fEv@plt>:\\n 10:\\tjmp *0x1(%%rip)\\n0100 <{call_from}>:\\n 110:\\tcall 10 <_ZN4c10d7Reducer1fEv@plt>\\n'""",
+        "objdump": (
+            "printf '0000 <_ZN4c10d7Reducer1fEv@plt>:\\n 10:\\tjmp *0x1(%%rip)\\n"
+            f"0100 <{call_from}>:\\n 110:\\tcall 10 <_ZN4c10d7Reducer1fEv@plt>\\n'"
+        ),
     }
     for name, body in scripts.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
