@@ -98,7 +98,7 @@ BASES: Dict[str, Base] = {
             name="v2.11.0",
             torch="2.11.0",
             newest_cuda=(13, 0),
-            submit_to="pytorch/pytorch, rebased onto its main branch (or a repository your team owns)",
+            submit_to="pytorch/pytorch, applied onto a checkout of its main branch (or a repository your team owns)",
         ),
     )
 }
