@@ -848,7 +848,8 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
         for step in range(2, 4):
             self._step(ddp, ddp, members, step)
 
-    def test_power_sgd_state_follows_group(self):
+    def _ddp_with_power_sgd(self):
+        """A DDP module whose PowerSGD hook compresses from its third step on."""
         self._init_default_group()
         ddp = self._ddp()
         state = powerSGD_hook.PowerSGDState(
@@ -857,6 +858,10 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
             min_compression_rate=0.1,
         )
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        return ddp, state
+
+    def test_power_sgd_state_follows_group(self):
+        ddp, state = self._ddp_with_power_sgd()
         everyone = list(range(self.world_size))
         for step in range(2):
             self._step(ddp, ddp, everyone, step)
@@ -887,14 +892,7 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
         # Rank 1 computes its Qs late in the failed pass, so the other ranks'
         # allreduce of Qs completes, and their decompress() callbacks write
         # PowerSGD's state, only after they changed the group.
-        self._init_default_group()
-        ddp = self._ddp()
-        state = powerSGD_hook.PowerSGDState(
-            process_group=ddp.process_group,
-            start_powerSGD_iter=2,
-            min_compression_rate=0.1,
-        )
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        ddp, state = self._ddp_with_power_sgd()
         everyone = list(range(self.world_size))
         recovery_pg = dist.new_group(everyone)
         for step in range(4):

@@ -1,5 +1,7 @@
 """Fixtures for the scripts' tests: the wheel's base files and a stand-in PyTorch checkout."""
 
+import importlib.machinery
+import importlib.util
 import pathlib
 import subprocess
 
@@ -42,6 +44,16 @@ def stand_in(path: str) -> str:
         text.append(base_lines[number])
         last = number
     return "".join(text)
+
+
+def load_script(name: str):
+    """scripts/NAME (a file without .py) as a module, for its functions."""
+    loader = importlib.machinery.SourceFileLoader(name, str(REPO / "scripts" / name))
+    spec = importlib.util.spec_from_loader(name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def git(tree, *args):

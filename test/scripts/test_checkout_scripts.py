@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import BASE, git, GIT, PATCHES, REPO, USER
+from conftest import BASE, git, GIT, load_script, PATCHES, REPO, USER
 from torch_overlay import bases
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -655,22 +655,10 @@ def test_torch_src_needs_a_pytorch_tree(tmp_path):
     assert result.returncode == 2 and "is not a git checkout" in result.stderr
 
 
-def _load_submit():
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.SourceFileLoader("submit", str(REPO / "scripts" / "submit"))
-    spec = importlib.util.spec_from_loader("submit", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
 def test_a_commit_is_its_patch_whatever_the_context(tmp_path):
     # The v2.11.0 series' .cpp diffs carry whole functions as context, which git patch-id
     # counts; what a commit removes and adds is what scripts/submit compares.
-    submit = _load_submit()
+    submit = load_script("submit")
     tree = tmp_path / "tree"
     subprocess.run(GIT + ["init", "-q", str(tree)], check=True)
     body = "".join(f"  step_{n}();\n" for n in range(20))

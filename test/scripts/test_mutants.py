@@ -1,20 +1,14 @@
 """scripts/mutants' own logic: where a mutant's replacements land, and that every mutant fits the series."""
 
-import importlib.machinery
-import importlib.util
 import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import load_script, REPO
 from torch_overlay import bases
 
 sys.path.insert(0, str(REPO / "scripts"))
-_loader = importlib.machinery.SourceFileLoader("mutants", str(REPO / "scripts" / "mutants"))
-_spec = importlib.util.spec_from_loader("mutants", _loader)
-assert _spec is not None
-mutants = importlib.util.module_from_spec(_spec)
-_loader.exec_module(mutants)
+mutants = load_script("mutants")
 
 FIRST = """\
 @@ -1,2 +1,3 @@
