@@ -143,6 +143,31 @@ def _loss(out):
     return out.pow(2).sum()
 
 
+def _gpu_sleep(seconds):
+    """Keeps the current CUDA stream busy for about ``seconds``."""
+    torch.cuda._sleep(int(seconds * _gpu_cycles_per_second()))
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_cycles_per_second():
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10**7)
+    end.record()
+    end.synchronize()
+    return 10**7 / (start.elapsed_time(end) / 1000)
+
+
+def _abort_nccl_group(group):
+    """Aborts the NCCL communicators of ``group``, as a rank that recovers does."""
+    if hasattr(dist.distributed_c10d, "_abort_process_group"):
+        dist.distributed_c10d._abort_process_group(group)
+    else:
+        # Releases before _abort_process_group(), such as 2.1.
+        group._get_backend(torch.device("cuda"))._abort()
+
+
 @instantiate_parametrized_tests
 class UpdateProcessGroupTestBase:
     """Cases shared by the Gloo and NCCL classes.
@@ -1527,6 +1552,203 @@ them.""",
         self._step(ddp, ddp, members, 4)
 
 
+@instantiate_parametrized_tests
+class UpdateProcessGroupCudaTestBase:
+    """Cases that only CUDA parameters can run, added to the shared ones.
+
+    They run on one GPU: the CUDA classes may put every rank on the same
+    device, and the NCCL groups here hold one rank each.
+    """
+
+    def _nccl_groups_of_one(self, count, **kwargs):
+        """Returns ``count`` NCCL groups that hold this rank alone.
+
+        Every rank creates every rank's groups, as ``new_group()`` requires,
+        with ``kwargs``.
+        """
+        mine = []
+        for _ in range(count):
+            groups = [
+                dist.new_group([rank], backend="nccl", **kwargs)
+                for rank in range(self.world_size)
+            ]
+            mine.append(groups[self.rank])
+        return mine
+
+    @parametrize("gradient_as_bucket_view", [False, True])
+    def test_recover_while_a_stream_still_writes(self, gradient_as_bucket_view):
+        # On CUDA a collective writes its result on a stream of its own, and
+        # the work's future may have completed long before: NCCL completes it
+        # when the collective is enqueued. This hook does the same in the
+        # failed pass: its future is complete at once, and its stream writes
+        # the bucket about a second later, after the next step has written
+        # its gradients, which the check after synchronizing sees.
+        self._init_default_group()
+        ddp = self._ddp(gradient_as_bucket_view=gradient_as_bucket_view)
+        everyone = list(range(self.world_size))
+        recovery_pg = dist.new_group(everyone)
+        stream = torch.cuda.Stream(self.device)
+
+        def hook(state, bucket):
+            if not state["write_late"]:
+                return default_hooks.allreduce_hook(state["group"], bucket)
+            buffer = bucket.buffer()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                _gpu_sleep(1.0)
+                buffer.fill_(1e6)
+            # As a backend does for a tensor that it writes on its own stream.
+            buffer.record_stream(stream)
+            fut = torch.futures.Future(devices=[self.device])
+            fut.set_result(buffer)
+            return fut
+
+        state = {"group": ddp.process_group, "write_late": False}
+        ddp.register_comm_hook(state, hook)
+        self._step(ddp, ddp, everyone, 0)
+        state["write_late"] = True
+        self._failed_step(ddp, ddp, 1, raise_at="input")
+        ddp._update_process_group(
+            recovery_pg,
+            update_comm_hook_state=lambda old, group: {
+                "group": group,
+                "write_late": False,
+            },
+        )
+        self._step(ddp, ddp, everyone, 2)
+        torch.cuda.synchronize(self.device)
+        expected = self._reference_grads(ddp.module, everyone, 2, use_fc2=True)
+        for (name, p), want in zip(ddp.module.named_parameters(), expected):
+            self.assertEqual(
+                p.grad,
+                want,
+                msg=f"the failed pass's late write reached the gradient of {name}",
+            )
+        self._step(ddp, ddp, everyone, 3)
+
+    @requires_nccl()
+    def test_switch_between_nccl_groups_of_one(self):
+        self._init_default_group()
+        first, second = self._nccl_groups_of_one(2)
+        everyone = list(range(self.world_size))
+        world_pg = dist.new_group(everyone)
+        alone = [self.rank]
+        ddp = self._ddp(process_group=first)
+        cnt = self._compile_counter()
+        model = torch.compile(ddp, backend=cnt)
+        self._step(model, ddp, alone, 0)
+        frames = cnt.frame_count
+        changes = [(second, alone), (world_pg, everyone), (first, alone)]
+        for step, (pg, members) in enumerate(changes, 1):
+            ddp._update_process_group(pg)
+            self.assertIs(ddp.process_group, pg)
+            self._step(model, ddp, members, step)
+        self.assertEqual(cnt.frame_count, frames, msg="changing the group recompiled")
+
+    @requires_nccl()
+    @parametrize("raise_at", ["input", "fc2"])
+    def test_recover_on_nccl_groups_of_one(self, raise_at):
+        self._init_default_group()
+        first, second = self._nccl_groups_of_one(2)
+        alone = [self.rank]
+        ddp = self._ddp(process_group=first)
+        self._step(ddp, ddp, alone, 0)
+        self._failed_step(ddp, ddp, 1, raise_at=raise_at)
+        ddp._update_process_group(second)
+        for step in range(2, 4):
+            self._step(ddp, ddp, alone, step)
+
+    @requires_nccl()
+    def test_recover_after_aborting_the_old_nccl_group(self):
+        # What the docstring tells a rank that recovers on NCCL to do, on one
+        # GPU: while the failed pass's allreduce on the old group is held back
+        # on its stream, as a collective with a dead peer is, the rank aborts
+        # the old group with the watchdog's error handling off, and trains on
+        # in a new one, past the old group's timeout. With 2.1's default error
+        # handling, the watchdog would end the process once it found the
+        # aborted communicator with that allreduce pending. The hold is shorter
+        # than the timeout: 2.11's abort waits at most that long for NCCL's,
+        # which may wait for the stream.
+        old_timeout_s = 5.0
+        error_handling_off = {
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+            # The name that releases before 2.2 read.
+            "NCCL_ASYNC_ERROR_HANDLING": "0",
+        }
+        self._init_default_group()
+        with mock.patch.dict(os.environ, error_handling_off):
+            (old_pg,) = self._nccl_groups_of_one(
+                1, timeout=timedelta(seconds=old_timeout_s)
+            )
+        alone = [self.rank]
+        ddp = self._ddp(process_group=old_pg)
+        self._step(ddp, ddp, alone, 0)
+        held = torch.cuda.Stream(self.device)
+        held.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(held):
+            _gpu_sleep(old_timeout_s / 2)
+            self._failed_step(ddp, ddp, 1, raise_at="input")
+        failed_at = time.monotonic()
+        _abort_nccl_group(old_pg)
+        (new_pg,) = self._nccl_groups_of_one(1)
+        ddp._update_process_group(new_pg)
+        for step in range(2, 4):
+            self._step(ddp, ddp, alone, step)
+        time.sleep(max(0.0, failed_at + old_timeout_s + 4.0 - time.monotonic()))
+        for step in range(4, 6):
+            self._step(ddp, ddp, alone, step)
+
+    @requires_nccl()
+    def test_cpu_module_refuses_nccl_group(self):
+        self._init_default_group()
+        (nccl_pg,) = self._nccl_groups_of_one(1)
+        everyone = list(range(self.world_size))
+        gloo_pg = dist.new_group(everyone, backend="gloo")
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(Net(), process_group=gloo_pg)
+        with self.assertRaises(ValueError) as caught:
+            ddp._update_process_group(nccl_pg)
+        self.assertIn("no backend for cpu", str(caught.exception))
+        self.assertIs(ddp.process_group, gloo_pg)
+        _loss(ddp(_sample(self.rank, 0, "cpu"))).backward()
+        # Each rank had its own batch: only a reduction makes them agree.
+        self._assert_identical([p.grad for p in ddp.parameters()], gloo_pg, everyone)
+
+    @requires_nccl()
+    def test_sync_batch_norm_statistics_follow_group(self):
+        # SyncBatchNorm synchronizes only in training, and only on CUDA: the
+        # running mean after one training step is that of the batches of the
+        # members of the layer's group, which follows DDP's.
+        self._init_default_group()
+        (alone_pg,) = self._nccl_groups_of_one(1)
+        everyone = list(range(self.world_size))
+        world_pg = dist.new_group(everyone)
+        ddp = self._ddp(module_cls=NetWithSyncBatchNorm, process_group=alone_pg)
+        ddp.module.bn.process_group = alone_pg
+        changes = [
+            (alone_pg, [self.rank]),
+            (world_pg, everyone),
+            (alone_pg, [self.rank]),
+        ]
+        for step, (pg, members) in enumerate(changes):
+            ddp._update_process_group(pg)
+            self.assertIs(ddp.module.bn.process_group, pg)
+            ddp.module.bn.reset_running_stats()
+            with torch.no_grad():
+                batches = [
+                    F.relu(ddp.module.fc1(_sample(m, step, self.device)))
+                    for m in members
+                ]
+                expected = 0.1 * torch.cat(batches).mean(0)
+            _loss(ddp(_sample(self.rank, step, self.device))).backward()
+            self.assertEqual(
+                ddp.module.bn.running_mean,
+                expected,
+                msg=f"step {step}: not the statistics of members {members}",
+            )
+
+
 @requires_gloo()
 class UpdateProcessGroupGlooTest(UpdateProcessGroupTestBase, MultiProcessTestCase):
     backend = "gloo"
@@ -1536,11 +1758,29 @@ class UpdateProcessGroupGlooTest(UpdateProcessGroupTestBase, MultiProcessTestCas
         return torch.device("cpu")
 
 
+@requires_gloo()
+@skip_but_pass_in_sandcastle_if(
+    not torch.cuda.is_available(), "Gloo on CUDA: needs a GPU"
+)
+class UpdateProcessGroupGlooCudaTest(
+    UpdateProcessGroupCudaTestBase, UpdateProcessGroupTestBase, MultiProcessTestCase
+):
+    """Gloo reduces CUDA tensors: every rank's parameters on the same GPU."""
+
+    backend = "gloo"
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
 @requires_nccl()
 @skip_but_pass_in_sandcastle_if(
     torch.cuda.device_count() < 2, "NCCL: needs at least 2 GPUs"
 )
-class UpdateProcessGroupNcclTest(UpdateProcessGroupTestBase, MultiProcessTestCase):
+class UpdateProcessGroupNcclTest(
+    UpdateProcessGroupCudaTestBase, UpdateProcessGroupTestBase, MultiProcessTestCase
+):
     backend = "nccl"
 
     @property
