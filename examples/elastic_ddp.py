@@ -1,4 +1,4 @@
-"""Elastic DDP over Gloo and TCP: ranks are SIGKILLed and come back, and training goes on.
+"""Elastic DDP: ranks are SIGKILLed and come back, and training goes on, on Gloo or NCCL.
 
 A launcher hosts a TCPStore and starts one process per worker. Every worker wraps a small
 transformer in DistributedDataParallel once, compiles it once, and keeps both for its whole
@@ -19,7 +19,16 @@ Every step, every member checks that the parameters are bitwise identical on all
 digest, all-gathered), that nothing was compiled again, and the launcher checks at the end
 that no step that a member completed was lost.
 
+With --backend nccl, each worker trains on a GPU of its own, and DDP reduces over NCCL; the
+digests and the optimizer state still go over Gloo, as the group has both ("cpu:gloo,cuda:nccl").
+An NCCL collective whose peer died does not fail: the backward pass returns, and the step's
+kernels wait on the GPU. So a member waits for the GPU after each backward pass, for half the
+group's timeout at most, and takes a wait that runs out as a failed collective; before the next
+generation it aborts the old group's NCCL communicators, which ends those kernels, with the
+watchdog's error handling off (set for the workers unless the environment sets it).
+
     python examples/elastic_ddp.py --workers 4 --steps 30 --kill 3:8:backward --rejoin 14
+    python examples/elastic_ddp.py --backend nccl --workers 2 --steps 30 --kill 1:8:backward --rejoin 14
 
 Run it in the overlay venv (scripts/overlay install), or on a torch that has the series.
 """
@@ -45,6 +54,7 @@ import torch._dynamo
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.torch_version import TorchVersion
 
 PHASES = ("forward", "backward", "optimizer")
 EXIT_NOT_ADMITTED = 3
@@ -124,7 +134,51 @@ def compiled_graphs() -> int:
 
 def digest(module: nn.Module) -> str:
     flat = torch.cat([p.detach().flatten() for p in module.parameters()])
-    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(flat.cpu().numpy().tobytes()).hexdigest()[:16]
+
+
+def group_backend(args) -> str:
+    # NCCL for DDP's CUDA tensors, Gloo for the CPU tensors of the digests and the optimizer
+    # state, which then fail on a dead peer or a timeout instead of waiting forever.
+    return "cpu:gloo,cuda:nccl" if args.backend == "nccl" else "gloo"
+
+
+def wait_for_gpu(timeout_s: float) -> None:
+    """Waits for the work queued on the current stream, which includes the step's collectives.
+
+    An NCCL collective whose peer died never completes, and nothing raises where DDP waits for
+    it; this raises instead, once ``timeout_s`` is over.
+    """
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + timeout_s
+    while not done.query():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the GPU did not finish the step's collectives within {timeout_s:.1f} s")
+        time.sleep(0.001)
+
+
+def abort_nccl(group) -> None:
+    """Aborts ``group``'s NCCL communicators, which ends the kernels that wait for a dead peer.
+
+    The group can then only be destroyed: nothing more may be issued on it.
+    """
+    if hasattr(dist.distributed_c10d, "_abort_process_group"):
+        dist.distributed_c10d._abort_process_group(group)  # also destroys it
+    else:  # torch 2.1
+        group._get_backend(torch.device("cuda"))._abort()
+        dist.destroy_process_group(group)
+
+
+def nccl_error_handling_off() -> Dict[str, str]:
+    """The environment under which ProcessGroupNCCL's watchdog lets a rank abort a group and go on.
+
+    With the default error handling, the watchdog ends the process at a collective's timeout,
+    and on torch 2.1 also as soon as it finds a communicator aborted with a collective pending.
+    """
+    if TorchVersion(torch.__version__) < (2, 2):
+        return {"NCCL_ASYNC_ERROR_HANDLING": "0"}
+    return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
 
 
 def wait_for_plan(store, uid: int, generation: int, deadline_s: float) -> Plan:
@@ -212,15 +266,19 @@ def train(args, store) -> int:
 
     # Build, wrap and compile once, on a group of this process alone, before joining.
     torch.manual_seed(0)
-    model = TinyTransformer()
+    device = torch.device("cpu")
+    if args.backend == "nccl":
+        device = torch.device("cuda", args.gpu)
+        torch.cuda.set_device(device)
+    model = TinyTransformer().to(device)
     dist.init_process_group(
-        "gloo", store=dist.PrefixStore(f"solo/{uid}", store), rank=0, world_size=1
+        group_backend(args), store=dist.PrefixStore(f"solo/{uid}", store), rank=0, world_size=1
     )
-    ddp = DistributedDataParallel(model)
-    compiled = torch.compile(ddp, backend=args.backend)
+    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    compiled = torch.compile(ddp, backend=args.compile_backend)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
-    inputs, targets = batch(0, 0)
+    inputs, targets = (t.to(device) for t in batch(0, 0))
     loss_fn(compiled(inputs).flatten(0, 1), targets.flatten()).backward()
     optimizer.zero_grad(set_to_none=True)
     graphs = compiled_graphs()
@@ -234,9 +292,10 @@ def train(args, store) -> int:
         src = plan.members.index(plan.src)
         step = plan.step
         try:
-            dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
             dist.init_process_group(
-                "gloo",
+                group_backend(args),
                 store=dist.PrefixStore(f"pg/{plan.generation}", store),
                 rank=rank,
                 world_size=world_size,
@@ -253,7 +312,7 @@ def train(args, store) -> int:
                 if stop_after >= 0 and step > stop_after:
                     store_op(store.add, f"gen/{plan.generation}/stopped", 1)
                     break
-                inputs, targets = batch(step, rank)
+                inputs, targets = (t.to(device) for t in batch(step, rank))
                 if kill == (step, "backward"):
                     # The embedding's gradient comes last, after the other buckets' allreduces started.
                     model.embed.weight.register_hook(lambda grad: os.kill(os.getpid(), signal.SIGKILL))
@@ -261,6 +320,8 @@ def train(args, store) -> int:
                     os.kill(os.getpid(), signal.SIGKILL)
                 loss = loss_fn(compiled(inputs).flatten(0, 1), targets.flatten())
                 loss.backward()
+                if device.type == "cuda":
+                    wait_for_gpu(args.timeout / 2)
                 if kill == (step, "optimizer"):
                     os.kill(os.getpid(), signal.SIGKILL)
                 optimizer.step()
@@ -287,8 +348,10 @@ def train(args, store) -> int:
                 step += 1
             else:
                 return 0
-        except RuntimeError as e:  # a collective failed: Gloo's error, or the group's timeout
+        except RuntimeError as e:  # a collective failed: Gloo's error, the group's timeout, or wait_for_gpu()
             print(f"[worker {uid}] a collective of step {step} failed: {str(e).splitlines()[0][:120]}", flush=True)
+            if args.backend == "nccl":
+                abort_nccl(dist.group.WORLD)
             store_op(store.add, f"gen/{plan.generation}/failures", 1)
         generation = plan.generation + 1
 
@@ -366,6 +429,7 @@ class Launcher:
         self.store = dist.TCPStore(args.host, 0, is_master=True, wait_for_workers=False)
         self.port = self.store.port
         self.procs: Dict[int, subprocess.Popen] = {}
+        self.gpus: Dict[int, int] = {}  # with --backend nccl, each worker's GPU
         self.next_uid = 0
         self.joined = 0  # join/N entries taken in
         self.generation = 0
@@ -380,9 +444,19 @@ class Launcher:
         uid, self.next_uid = self.next_uid, self.next_uid + 1
         cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", str(uid), "--port", str(self.port)]
         cmd += ["--host", self.args.host]
+        env = dict(os.environ)
+        if self.args.backend == "nccl":
+            # A GPU that no live worker holds: NCCL takes one per rank.
+            held = {self.gpus[u] for u, p in self.procs.items() if p.poll() is None}
+            free = [g for g in range(torch.cuda.device_count()) if g not in held]
+            if not free:
+                raise SystemExit(f"[launcher] error: worker {uid} needs a GPU of its own, and live workers hold all {len(held)}")
+            self.gpus[uid] = free[0]
+            cmd += ["--gpu", str(free[0])]
+            env = {**nccl_error_handling_off(), **env}  # the user's settings win
         if self.hosts:
             cmd = self.hosts.add(uid) + cmd
-        self.procs[uid] = subprocess.Popen(cmd)
+        self.procs[uid] = subprocess.Popen(cmd, env=env)
         return uid
 
     def done(self, uid: int) -> int:
@@ -548,7 +622,10 @@ def main() -> int:
     parser.add_argument("--step-time", type=float, default=0.2,
                         help="seconds each step takes on top of its compute, so that new workers, which "
                         "start and compile meanwhile, find training still going (default: 0.2)")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: inductor)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                        help="what DDP reduces over: gloo on CPU, or nccl with a GPU for each worker "
+                        "(default: gloo)")
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default: inductor)")
     parser.add_argument("--timeout", type=float, default=10.0, help="the process groups' timeout, seconds")
     parser.add_argument("--join-timeout", type=float, default=300.0, help="how long a worker waits to be admitted")
     parser.add_argument("--stop-store-at", type=int, metavar="STEP",
@@ -562,7 +639,13 @@ def main() -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--worker", dest="uid", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--gpu", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.backend == "nccl" and torch.cuda.device_count() < args.workers:
+        parser.error(
+            f"--backend nccl needs a GPU for each of the {args.workers} workers; "
+            f"{torch.cuda.device_count()} are visible"
+        )
     for spec in args.kill:
         parts = spec.split(":")
         if len(parts) != 3 or parts[2] not in PHASES or not all(p.isdigit() for p in parts[:2]):

@@ -13,13 +13,14 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "elastic_ddp.py"
 
 
 def launch(*args, timeout=240):
     result = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--backend", "eager", *args],
+        [sys.executable, str(EXAMPLE), "--compile-backend", "eager", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -107,6 +108,37 @@ def test_bad_kill_argument():
     result = subprocess.run([sys.executable, str(EXAMPLE), "--kill", "1:x:backward"], capture_output=True, text=True)
     assert result.returncode == 2
     assert "--kill '1:x:backward': expected UID:STEP:PHASE" in result.stderr
+
+
+def test_nccl_needs_a_gpu_for_each_worker():
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--backend", "nccl", "--workers", "99"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "--backend nccl needs a GPU for each of the 99 workers" in result.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL: needs a GPU")
+def test_nccl_on_one_gpu():
+    # One worker, no fault: the NCCL path's devices, groups and waits, which one GPU can run.
+    rc, out = launch("--backend", "nccl", "--workers", "1", "--steps", "6", "--step-time", "0")
+    assert rc == 0, out[-3000:]
+    assert summary(out) == (0, 0, 0, 0, 5, 5)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL across workers: needs 2 GPUs")
+def test_nccl_killed_rank_then_a_new_one():
+    # The survivor's allreduce never completes: it takes the wait for the GPU that runs out as
+    # the failure, aborts the group's NCCL communicators, and goes on alone, then with the new
+    # worker on the GPU that the killed one left.
+    rc, out = launch(
+        "--backend", "nccl", "--workers", "2", "--steps", "28", "--kill", "1:4:backward", "--rejoin", "7",
+        "--step-time", "0.5",
+    )
+    assert rc == 0, out[-3000:]
+    assert summary(out) == (1, 0, 0, 0, 27, 27)
+    assert "lost [1]; members [0], state from 0, from step 4" in out
+    assert "did not finish the step's collectives" in out
 
 
 def _network_namespaces_work():
