@@ -27,6 +27,11 @@ against the steady-state step, graphs compiled (torch._dynamo's unique_graphs), 
 (VmHWM, reset before each path with /proc/self/clear_refs), also against the steady state's
 (reset before the steady-state steps).
 
+With --device cuda, each rank trains on a GPU: its own, over NCCL, where there are enough GPUs,
+else sharing them, over Gloo (--group-backend chooses). Steps are then timed to the end of their
+GPU work, and the peak CUDA memory allocated during a change is reported against the steady
+state's. --paths measures some of the paths only, for example path a alone on a GPU machine.
+
 Writes a table and whether path a meets its goals (GOALS; reported, never asserted: the exit
 status does not depend on them) to stdout, and resume_after_membership_change.json (the goals
 too) and .png to --out.
@@ -64,6 +69,7 @@ GOALS = {
     "call_growth": 1.5,  # the call at the largest size measured over the smallest, per world
     "first_step_over_steady": 1.05,  # the first step after the change, at every size and world
     "peak_rss_over_steady": 1.05,  # peak RSS during the change over the steady state's
+    "peak_cuda_over_steady": 1.05,  # with --device cuda: peak CUDA memory, likewise
 }
 
 
@@ -120,14 +126,40 @@ def peak_rss_mb() -> float:
         return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) / 1024
 
 
+def reset_peaks(device: torch.device) -> None:
+    reset_peak_rss()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peaks(device: torch.device) -> dict:
+    """Peak RSS, and on CUDA the peak memory allocated, since reset_peaks()."""
+    found = {"peak_rss_mb": peak_rss_mb()}
+    if device.type == "cuda":
+        found["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return found
+
+
+def group_backend(args) -> str:
+    if args.group_backend:
+        return args.group_backend
+    if args.device == "cuda" and args.world <= torch.cuda.device_count():
+        return "nccl"
+    return "gloo"
+
+
 class Rank:
     """One rank's model, DDP module, compiled module and optimizer, and how to train a step."""
 
     def __init__(self, args, store):
         self.args, self.store = args, store
         self.generation = 0
+        self.device = torch.device("cpu")
+        if args.device == "cuda":
+            self.device = torch.device("cuda", args.rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
         torch.manual_seed(0)
-        self.module = LanguageModel(SIZES[args.size])
+        self.module = LanguageModel(SIZES[args.size]).to(self.device)
         self.loss_fn = nn.CrossEntropyLoss()
         self.step_index = 0
 
@@ -136,14 +168,15 @@ class Rank:
             dist.destroy_process_group()
         self.generation += 1
         dist.init_process_group(
-            "gloo",
+            group_backend(self.args),
             store=dist.PrefixStore(f"{self.args.session}/{self.args.role}/{self.generation}", self.store),
             rank=self.args.rank,
             world_size=self.args.world,
         )
 
     def wrap(self) -> None:
-        self.ddp = DistributedDataParallel(self.module)
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(self.module, device_ids=device_ids)
         self.compiled = torch.compile(self.ddp, backend=self.args.backend)
 
     def new_optimizer(self, state=None) -> None:
@@ -154,19 +187,21 @@ class Rank:
     def step(self) -> float:
         """One training step; returns its wall time in seconds."""
         gen = torch.Generator().manual_seed(1000 * self.step_index + self.args.rank)
-        tokens = torch.randint(0, VOCAB, (2, SEQUENCE + 1), generator=gen)
+        tokens = torch.randint(0, VOCAB, (2, SEQUENCE + 1), generator=gen).to(self.device)
         start = time.perf_counter()
         logits = self.compiled(tokens[:, :-1])
         self.loss_fn(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.step_index += 1
         return time.perf_counter() - start
 
     def change(self, path: str) -> dict:
         """Goes through a membership change by ``path``, up to the end of the first step."""
         dist.barrier()
-        reset_peak_rss()
+        reset_peaks(self.device)
         graphs = compiled_graphs()
         # DDP holds the last reference to the group that init_group() destroys, so the call
         # would free it: ProcessGroupGloo's destructor joins its threads. Held here, that is
@@ -203,7 +238,7 @@ class Rank:
             "old_group_free_s": old_group_free_s,
             "first_step_s": first_step_s,
             "graphs_compiled": compiled_graphs() - graphs,
-            "peak_rss_mb": peak_rss_mb(),
+            **peaks(self.device),
         }
 
 
@@ -216,13 +251,14 @@ def run_rank(args) -> dict:
     rank.new_optimizer()
     for _ in range(args.warmup):
         rank.step()
-    reset_peak_rss()
+    reset_peaks(rank.device)
     steady = statistics.median([rank.step() for _ in range(args.steady_steps)])
-    steady_peak_rss = peak_rss_mb()
-    changes: Dict[str, List[dict]] = {path: [] for path in IN_PROCESS_PATHS}
+    steady_peaks = {f"steady_{key}": value for key, value in peaks(rank.device).items()}
+    paths = [path for path in IN_PROCESS_PATHS if path in args.paths]
+    changes: Dict[str, List[dict]] = {path: [] for path in paths}
     # One path's changes after the other's, in IN_PROCESS_PATHS order: d leaves its old
     # modules alive (see README), which would add to the peak RSS of a path measured after it.
-    for path in IN_PROCESS_PATHS:
+    for path in paths:
         for repeat in range(args.repeats):
             changes[path].append(rank.change(path))
             if args.rank == 0:
@@ -234,7 +270,7 @@ def run_rank(args) -> dict:
         torch.save({"model": rank.module.state_dict(), "optimizer": rank.optimizer.state_dict()}, args.checkpoint)
     dist.barrier()
     dist.destroy_process_group()
-    return {"steady_step_s": steady, "steady_peak_rss_mb": steady_peak_rss, "changes": changes}
+    return {"steady_step_s": steady, **steady_peaks, "changes": changes}
 
 
 def run_restarted_rank(args) -> dict:
@@ -253,7 +289,7 @@ def run_restarted_rank(args) -> dict:
         "call_s": None,
         "first_step_s": first_step_s,
         "graphs_compiled": compiled_graphs(),
-        "peak_rss_mb": peak_rss_mb(),
+        **peaks(rank.device),
     }
     dist.destroy_process_group()
     return result
@@ -273,6 +309,9 @@ def launch(args, role: str, session: str, store, checkpoint: str) -> List[dict]:
     for rank in range(args.world):
         cmd = [sys.executable, __file__, "--role", role, "--rank", str(rank), "--world", str(args.world)]
         cmd += ["--size", args.size, "--backend", args.backend, "--port", str(store.port)]
+        cmd += ["--device", args.device, "--paths", *args.paths]
+        if args.group_backend:
+            cmd += ["--group-backend", args.group_backend]
         cmd += ["--session", session, "--checkpoint", checkpoint, "--started", repr(started)]
         cmd += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--steady-steps", str(args.steady_steps)]
         procs.append(subprocess.Popen(cmd))
@@ -299,7 +338,7 @@ def summarize(per_rank: List[List[dict]]) -> dict:
 
     calls = [c["call_s"] for r in per_rank for c in r if c["call_s"] is not None]
     frees = [c["old_group_free_s"] for r in per_rank for c in r if c.get("old_group_free_s") is not None]
-    return {
+    summary = {
         "resume_s": median("resume_s"),
         "call_us": statistics.median(calls) * 1e6 if calls else None,
         "old_group_free_us": statistics.median(frees) * 1e6 if frees else None,
@@ -308,6 +347,9 @@ def summarize(per_rank: List[List[dict]]) -> dict:
         "peak_rss_mb": median("peak_rss_mb"),
         "repeats": len(per_rank[0]),
     }
+    if "peak_cuda_mb" in per_rank[0][0]:
+        summary["peak_cuda_mb"] = median("peak_cuda_mb")
+    return summary
 
 
 def measure(args, store) -> dict:
@@ -316,29 +358,33 @@ def measure(args, store) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = os.path.join(tmp, "checkpoint.pt")
         ranks = launch(args, "rank", session, store, checkpoint)
-        paths = {p: summarize([r["changes"][p] for r in ranks]) for p in IN_PROCESS_PATHS}
-        restarts = []
-        for restart in range(args.restarts):
-            restarts.append(launch(args, "restarted", f"{session}-{restart}", store, checkpoint))
-            slowest = max(r["resume_s"] for r in restarts[-1])
-            print(f"    restart {restart + 1}/{args.restarts}: c      {slowest:8.3f} s", flush=True)
-        paths["c"] = summarize([[restarts[i][rank] for i in range(len(restarts))] for rank in range(args.world)])
+        paths = {p: summarize([r["changes"][p] for r in ranks]) for p in ranks[0]["changes"]}
+        if "c" in args.paths:
+            restarts = []
+            for restart in range(args.restarts):
+                restarts.append(launch(args, "restarted", f"{session}-{restart}", store, checkpoint))
+                slowest = max(r["resume_s"] for r in restarts[-1])
+                print(f"    restart {restart + 1}/{args.restarts}: c      {slowest:8.3f} s", flush=True)
+            paths["c"] = summarize([[restarts[i][rank] for i in range(len(restarts))] for rank in range(args.world)])
     steady = max(r["steady_step_s"] for r in ranks)
-    steady_peak_rss = max(r["steady_peak_rss_mb"] for r in ranks)
+    steady_peaks = {key: max(r[key] for r in ranks) for key in ranks[0] if key.startswith("steady_peak_")}
     for path in paths.values():
         path["first_step_over_steady"] = path["first_step_s"] / steady
         path["over_a"] = path["resume_s"] / paths["a"]["resume_s"]
         path["overhead_s"] = path["resume_s"] - steady
-        path["peak_rss_over_steady"] = path["peak_rss_mb"] / steady_peak_rss
+        path["peak_rss_over_steady"] = path["peak_rss_mb"] / steady_peaks["steady_peak_rss_mb"]
+        if "peak_cuda_mb" in path:
+            path["peak_cuda_over_steady"] = path["peak_cuda_mb"] / steady_peaks["steady_peak_cuda_mb"]
     params = sum(p.numel() for p in LanguageModel(SIZES[args.size]).parameters())
     return {
         "world": args.world,
         "size": args.size,
         "parameters": params,
+        "group_backend": group_backend(args),
         "repeats": args.repeats,
-        "restarts": args.restarts,
+        "restarts": args.restarts if "c" in args.paths else 0,
         "steady_step_s": steady,
-        "steady_peak_rss_mb": steady_peak_rss,
+        **steady_peaks,
         "paths": paths,
     }
 
@@ -353,24 +399,30 @@ def table(results: List[dict]) -> str:
         # Two decimals where they matter (near 1), fewer for c's and d's hundreds and thousands.
         return cell(value, ".2f" if value is None or value < 100 else ".0f", width)
 
-    lines = [
+    cuda = any("peak_cuda_mb" in p for r in results if "error" not in r for p in r["paths"].values())
+    header = (
         f"{'world':>5} {'params':>7} {'path':6} {'resume s':>9} {'x a':>7} {'ovh ms':>8} {'call us':>7} "
         f"{'1st/st':>6} {'graphs':>6} {'RSS MB':>6} {'RSS/st':>6}"
-    ]
+    )
+    lines = [header + (f" {'CUDA MB':>7} {'CUDA/st':>7}" if cuda else "")]
     for r in results:
         if "error" in r:
             lines.append(f"{r['world']:5d} {r['size']:>7} failed: {r['error']}")
             continue
-        for name in PATHS:
+        for name in [name for name in PATHS if name in r["paths"]]:
             p = r["paths"][name]
             overhead = p["overhead_s"] * 1e3 if p.get("overhead_s") is not None else None
             call = f"{p['call_us']:7.0f}" if p["call_us"] is not None else f"{'':7}"
-            lines.append(
+            line = (
                 f"{r['world']:5d} {r['parameters'] / 1e6:6.1f}M {name:6} {p['resume_s']:9.3f} {p['over_a']:7.1f} "
                 f"{cell(overhead, '.1f', 8)} {call} {ratio(p['first_step_over_steady'], 6)} "
                 f"{p['graphs_compiled']:6.0f} {p['peak_rss_mb']:6.0f} {ratio(p.get('peak_rss_over_steady'), 6)}"
             )
-    lines.append("ovh: resume less a steady step; 1st/st, RSS/st: first step, peak RSS over the steady's")
+            if cuda:
+                line += f" {cell(p.get('peak_cuda_mb'), '.0f', 7)} {ratio(p.get('peak_cuda_over_steady'), 7)}"
+            lines.append(line)
+    legend = "ovh: resume less a steady step; 1st/st, RSS/st: first step, peak RSS over the steady's"
+    lines.append(legend + ("; CUDA: peak memory allocated" if cuda else ""))
     return "\n".join(lines)
 
 
@@ -428,6 +480,9 @@ def goals(results: List[dict]) -> List[dict]:
                             "first step / steady step", "", ".3f"))
     summary.append(at_every("peak_rss_over_steady", GOALS["peak_rss_over_steady"],
                             "peak RSS / steady state's", "", ".3f"))
+    if any("peak_cuda_over_steady" in r["paths"]["a"] for r in measured):
+        summary.append(at_every("peak_cuda_over_steady", GOALS["peak_cuda_over_steady"],
+                                "peak CUDA memory / steady state's", "", ".3f"))
     return summary
 
 
@@ -438,7 +493,7 @@ def goals_text(summary: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: List[dict], backend: str, path: pathlib.Path) -> None:
+def plot(results: List[dict], title: str, path: pathlib.Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -448,9 +503,12 @@ def plot(results: List[dict], backend: str, path: pathlib.Path) -> None:
     for world in sorted({r["world"] for r in results}):
         rows = sorted((r for r in results if r["world"] == world and "error" not in r), key=lambda r: r["parameters"])
         params = [r["parameters"] for r in rows]
+        measured = [name for name in PATHS if rows and name in rows[0]["paths"]]
         for name, marker in (("b", "o"), ("c", "s"), ("d", "^")):
-            ratios.plot(params, [r["paths"][name]["over_a"] for r in rows], marker=marker, label=f"{name}/a, {world} ranks")
-        for name in PATHS:
+            if name in measured:
+                ratios.plot(params, [r["paths"][name]["over_a"] for r in rows], marker=marker,
+                            label=f"{name}/a, {world} ranks")
+        for name in measured:
             times.plot(params, [r["paths"][name]["resume_s"] for r in rows], marker="o", label=f"{name}, {world} ranks")
     ratios.set(xscale="log", yscale="log", xlabel="parameters", ylabel="time to resume / time with a",
                title="How much longer than _update_process_group (a)")
@@ -459,7 +517,7 @@ def plot(results: List[dict], backend: str, path: pathlib.Path) -> None:
     for ax in (ratios, times):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"Gloo on CPU, torch {torch.__version__}, backend {backend}", fontsize=9)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -470,6 +528,13 @@ def main() -> int:
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["1M", "10M", "100M"],
                         help="model sizes (default: 1M 10M 100M)")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: inductor)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the ranks train (default: cpu)")
+    parser.add_argument("--group-backend", choices=("gloo", "nccl"),
+                        help="the process group's backend (default: gloo on CPU; on CUDA, nccl where each rank "
+                        "has a GPU of its own, else gloo)")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
+                        help="the paths to measure; a always (default: all)")
     parser.add_argument("--repeats", type=int, default=3, help="changes by each in-process path (default: 3)")
     parser.add_argument("--restarts", type=int, default=2, help="restarts for path c (default: 2)")
     parser.add_argument("--warmup", type=int, default=3, help="steps before the steady state is measured")
@@ -500,6 +565,12 @@ def main() -> int:
         parser.error(f"torch {torch.__version__} has no DistributedDataParallel._update_process_group")
     if args.repeats < 1 or args.restarts < 1:
         parser.error("--repeats and --restarts must be at least 1")
+    if "a" not in args.paths:
+        parser.error("--paths must include a: the other paths are measured against it")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    if args.group_backend == "nccl" and args.device != "cuda":
+        parser.error("--group-backend nccl needs --device cuda")
     store = dist.TCPStore(args.host, 0, is_master=True, wait_for_workers=False)
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / "resume_after_membership_change.json"
@@ -508,18 +579,26 @@ def main() -> int:
         "backend": args.backend,
         "cpus": os.cpu_count(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
         "results": [],
     }
     configs = [(w, s) for w in args.worlds for s in args.sizes]
     if args.update and json_path.exists():
         earlier = json.loads(json_path.read_text())
-        machine = ("torch", "backend", "cpus", "memory_gib")
+        machine = ("torch", "backend", "cpus", "memory_gib", "device", "gpu")
+        # Results written before --device were measured on CPU.
+        earlier = {"device": "cpu", "gpu": None, **earlier}
         if {k: earlier.get(k) for k in machine} != {k: report[k] for k in machine}:
             parser.error(f"{json_path} was measured with another torch, backend or machine; --update cannot add to it")
         report["results"] = [r for r in earlier["results"] if (r["world"], r["size"]) not in configs]
     for i, (world, size) in enumerate(configs, 1):
-        print(f"[benchmark] {i}/{len(configs)}: {world} ranks, {size} parameters, backend {args.backend}", flush=True)
         args.world, args.size = world, size
+        print(
+            f"[benchmark] {i}/{len(configs)}: {world} ranks, {size} parameters, backend {args.backend}, "
+            f"{group_backend(args)} on {args.device}",
+            flush=True,
+        )
         try:
             report["results"].append(measure(args, store))
         except ConfigurationFailed as e:
@@ -531,7 +610,9 @@ def main() -> int:
         json_path.write_text(json.dumps(report, indent=1) + "\n")
     print(table(report["results"]))
     print(goals_text(report["goals"]))
-    plot(report["results"], args.backend, args.out / "resume_after_membership_change.png")
+    where = f"{report['gpu']}, CUDA" if args.device == "cuda" else "CPU"
+    title = f"torch {torch.__version__} on {where}, compiled with {args.backend}"
+    plot(report["results"], title, args.out / "resume_after_membership_change.png")
     print(f"[benchmark] wrote {json_path} and {json_path.with_suffix('.png')}")
     failed = [r for r in report["results"] if "error" in r]
     return 1 if failed else 0

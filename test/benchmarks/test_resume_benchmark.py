@@ -11,6 +11,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch._dynamo.config
@@ -211,3 +212,41 @@ def test_refuses_a_torch_without_the_api():
     result = subprocess.run([sys.executable, "-c", stock, str(BENCHMARK)], capture_output=True, text=True)
     assert result.returncode == 2
     assert "has no DistributedDataParallel._update_process_group" in result.stderr
+
+
+def test_path_a_alone():
+    # What a GPU machine runs, --device cuda aside: path a only, no restarted processes.
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_benchmark(tmp, "--worlds", "1", "--repeats", "1", "--paths", "a")
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        data = json.loads((pathlib.Path(tmp) / "resume_after_membership_change.json").read_text())
+    (row,) = data["results"]
+    assert set(row["paths"]) == {"a"} and row["restarts"] == 0 and row["group_backend"] == "gloo"
+    assert (data["device"], data["gpu"]) == ("cpu", None)
+    assert "restart" not in result.stdout and "CUDA" not in benchmark.table(data["results"])
+
+
+def test_bad_paths_and_devices():
+    result = run_benchmark("/nonexistent", "--paths", "b")
+    assert result.returncode == 2 and "--paths must include a" in result.stderr
+    result = run_benchmark("/nonexistent", "--group-backend", "nccl")
+    assert result.returncode == 2 and "--group-backend nccl needs --device cuda" in result.stderr
+    if not torch.cuda.is_available():
+        result = run_benchmark("/nonexistent", "--device", "cuda")
+        assert result.returncode == 2 and "--device cuda: torch sees no CUDA device" in result.stderr
+
+
+def test_cuda_memory_is_reported_where_measured():
+    # A configuration as measure() reports it on CUDA, path a only.
+    row = result(1, "10M", 10_000_000, 400, 1.01, 1.01)
+    row["paths"]["a"].update(peak_cuda_mb=250.0, peak_cuda_over_steady=1.25)
+    row["steady_peak_cuda_mb"] = 200.0
+    lines = benchmark.table([row]).splitlines()
+    assert lines[0].endswith("CUDA MB CUDA/st")
+    assert lines[1].split()[-2:] == ["250", "1.25"]
+    assert lines[-1].endswith("; CUDA: peak memory allocated")
+    goal = benchmark.goals([row])[-1]
+    assert (goal["goal"], goal["met"]) == (
+        "path a's peak CUDA memory / steady state's <= 1.05 at every size and world", False)
+    # Without CUDA figures, no CUDA goal and no CUDA columns.
+    assert "CUDA" not in benchmark.goals_text(benchmark.goals([result(1, "10M", 10_000_000, 400, 1.0, 1.0)]))
