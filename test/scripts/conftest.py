@@ -4,6 +4,7 @@ import importlib.machinery
 import importlib.util
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -48,6 +49,9 @@ def stand_in(path: str) -> str:
 
 def load_script(name: str):
     """scripts/NAME (a file without .py) as a module, for its functions."""
+    scripts = str(REPO / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)  # where the scripts import _common from
     loader = importlib.machinery.SourceFileLoader(name, str(REPO / "scripts" / name))
     spec = importlib.util.spec_from_loader(name, loader)
     assert spec is not None

@@ -1,13 +1,10 @@
 """scripts/mutants' own logic: where a mutant's replacements land, and that every mutant fits the series."""
 
-import sys
-
 import pytest
 
 from conftest import load_script, REPO
 from torch_overlay import bases
 
-sys.path.insert(0, str(REPO / "scripts"))
 mutants = load_script("mutants")
 
 FIRST = """\

@@ -1,0 +1,56 @@
+"""scripts/gpu-check on a machine without a GPU: its refusals, its plan, and that its cases exist."""
+
+import importlib.util
+import subprocess
+import sys
+import unittest
+
+from conftest import load_script, REPO
+
+GPU_CHECK = REPO / "scripts" / "gpu-check"
+gpu_check = load_script("gpu-check")
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(GPU_CHECK), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_every_case_names_tests_of_the_file():
+    # unittest's -k matches a substring of "module.Class.test": a pattern that matches
+    # nothing would leave a case out without a word.
+    spec = importlib.util.spec_from_file_location("test_ddp_update_process_group", gpu_check.TEST_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    names = [test.id() for suite in unittest.TestLoader().loadTestsFromModule(module) for test in suite]
+    for case in gpu_check.CASES:
+        assert any(case in name for name in names), case
+
+    # Every case that only CUDA runs is among them.
+    def tests_of(cls):
+        return {name.rsplit(".", 1)[1] for name in names if f".{cls}." in name}
+
+    cuda_only = tests_of("UpdateProcessGroupGlooCudaTest") - tests_of("UpdateProcessGroupGlooTest")
+    selected = [case.rsplit(".", 1)[1] for case in gpu_check.CASES]
+    assert cuda_only
+    for test in cuda_only:
+        assert any(test.startswith(method) for method in selected), test
+
+def test_dry_run_prints_each_step():
+    result = run("--dry-run", "--out", "/tmp/gpu-check-out")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4
+    assert " -m torch_overlay install --repo " in lines[0] and lines[0].endswith("--base v2.11.0")
+    assert all(f"-k {case}" in lines[1] for case in gpu_check.CASES)
+    assert "--device cuda --paths a" in lines[2] and lines[2].endswith("--out /tmp/gpu-check-out")
+    assert "elastic_ddp.py --backend nccl --workers 1" in lines[3]
+
+
+def test_refuses_another_torch_and_no_gpu():
+    # This venv holds torch 2.1.2, the base v2.1.2's, and no GPU.
+    result = run()
+    assert result.returncode == 2
+    assert "is not supported by the v2.11.0 series" in result.stderr and "pass --base v2.1.2" in result.stderr
+    result = run("--base", "v2.1.2")
+    assert result.returncode == 2
+    assert "sees no CUDA device: gpu-check needs a GPU" in result.stderr
