@@ -226,7 +226,7 @@ class Rank:
             self.wrap()
         elif path == "d":
             state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
-            self.module = LanguageModel(SIZES[self.args.size])
+            self.module = LanguageModel(SIZES[self.args.size]).to(self.device)
             self.module.load_state_dict(state)
             self.wrap()
             self.new_optimizer(optimizer_state)

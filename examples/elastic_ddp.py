@@ -55,6 +55,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.torch_version import TorchVersion
+from torch.utils._pytree import tree_map
 
 PHASES = ("forward", "backward", "optimizer")
 EXIT_NOT_ADMITTED = 3
@@ -302,7 +303,8 @@ def train(args, store) -> int:
                 timeout=datetime.timedelta(seconds=args.timeout),
             )
             ddp._update_process_group(dist.group.WORLD, sync_module_states=True, src=src)
-            state = [optimizer.state_dict()]
+            # On the CPU: CUDA tensors would be unpickled onto the sender's GPU.
+            state = [tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, optimizer.state_dict())]
             dist.broadcast_object_list(state, src=src)
             optimizer.load_state_dict(state[0])
             optimizer.zero_grad(set_to_none=True)
@@ -350,8 +352,11 @@ def train(args, store) -> int:
                 return 0
         except RuntimeError as e:  # a collective failed: Gloo's error, the group's timeout, or wait_for_gpu()
             print(f"[worker {uid}] a collective of step {step} failed: {str(e).splitlines()[0][:120]}", flush=True)
-            if args.backend == "nccl":
-                abort_nccl(dist.group.WORLD)
+            if args.backend == "nccl" and dist.is_initialized():
+                try:
+                    abort_nccl(dist.group.WORLD)
+                except Exception as abort_error:  # the next generation's group is new anyway
+                    print(f"[worker {uid}] aborting the old group failed: {abort_error}", flush=True)
             store_op(store.add, f"gen/{plan.generation}/failures", 1)
         generation = plan.generation + 1
 

@@ -3,6 +3,7 @@
 import importlib.util
 import subprocess
 import sys
+import time
 import unittest
 
 from conftest import load_script, REPO
@@ -42,8 +43,20 @@ def test_dry_run_prints_each_step():
     assert len(lines) == 4
     assert " -m torch_overlay install --repo " in lines[0] and lines[0].endswith("--base v2.11.0")
     assert all(f"-k {case}" in lines[1] for case in gpu_check.CASES)
-    assert "--device cuda --paths a" in lines[2] and lines[2].endswith("--out /tmp/gpu-check-out")
-    assert "elastic_ddp.py --backend nccl --workers 1" in lines[3]
+    assert "elastic_ddp.py --backend nccl --workers 1" in lines[2]
+    assert "--device cuda --paths a" in lines[3] and lines[3].endswith("--out /tmp/gpu-check-out")
+
+
+def test_log_keeps_the_output_and_stops_at_the_deadline(tmp_path):
+    log = gpu_check.Log(tmp_path / "gpu-check.log")
+    # Nothing printed for a while, then something: the log waits for it.
+    assert log.run(["sh", "-c", "sleep 1; echo hi; exit 3"], timeout_s=30) == 3
+    started = time.monotonic()
+    assert log.run(["sh", "-c", "echo before; sleep 60; echo after"], timeout_s=2) is None
+    assert time.monotonic() - started < 30
+    text = (tmp_path / "gpu-check.log").read_text()
+    assert "\nhi\n" in text and "\nbefore\n" in text and "\nafter\n" not in text
+    assert "[gpu-check] stopped: it ran past its 2 s" in text
 
 
 def test_refuses_another_torch_and_no_gpu():
