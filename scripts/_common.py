@@ -19,8 +19,6 @@ REQUIREMENTS = (
 sys.path.insert(0, str(REPO))
 from torch_overlay import bases  # noqa: E402
 
-DEFAULT_VENV = REPO / ".venv"
-
 
 def progress(message: str) -> None:
     print(f"[{pathlib.Path(sys.argv[0]).name}] {message}", flush=True)
@@ -36,13 +34,13 @@ def print_warning(message: str) -> None:
     print(f"{pathlib.Path(sys.argv[0]).name}: warning: {message}", file=sys.stderr, flush=True)
 
 
-def add_base_argument(parser) -> None:
+def add_base_argument(parser, default: str = bases.DEFAULT, help: str = "the release whose series to use") -> None:
     parser.add_argument(
         "--base",
         type=base_type,
-        default=bases.get(None),
+        default=bases.get(default),
         metavar="BASE",
-        help=f"the release whose series to use: {', '.join(bases.BASES)} (default: {bases.DEFAULT})",
+        help=f"{help}: {', '.join(bases.BASES)} (default: {default})",
     )
 
 
@@ -57,8 +55,7 @@ def base_type(name: str) -> bases.Base:
 
 
 def default_venv(base: bases.Base) -> pathlib.Path:
-    """The overlay venv of ``base``: .venv for the default base, .venv-<base> for the others."""
-    return DEFAULT_VENV if base.name == bases.DEFAULT else REPO / f".venv-{base.name}"
+    return base.venv(REPO)
 
 
 def add_venv_argument(parser) -> None:
@@ -69,7 +66,7 @@ def add_venv_argument(parser) -> None:
         type=pathlib.Path,
         default=None,
         help=(
-            f"the overlay virtual environment (default: {DEFAULT_VENV.relative_to(REPO)} at the repo root "
+            f"the overlay virtual environment (default: {default_venv(bases.get(None)).relative_to(REPO)} at the repo root "
             f"for {bases.DEFAULT}, .venv-BASE for another base)"
         ),
     )
@@ -83,7 +80,7 @@ def venv_python(venv: pathlib.Path) -> pathlib.Path:
     return venv / "bin" / "python"
 
 
-def venv_env(extra: Optional[dict] = None, venv: pathlib.Path = DEFAULT_VENV) -> dict:
+def venv_env(extra: Optional[dict] = None, *, venv: pathlib.Path) -> dict:
     """The environment for running the venv's tools on this repository's code."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -141,11 +138,14 @@ def ensure_venv(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
     return python
 
 
+def overlay_command(python: pathlib.Path, action: str, base: bases.Base, repo: pathlib.Path = REPO) -> List[object]:
+    """``python -m torch_overlay ACTION`` for ``base``'s series in ``repo``."""
+    return [python, "-m", "torch_overlay", action, "--repo", repo, "--base", base.name]
+
+
 def overlay(python: pathlib.Path, action: str, base: bases.Base) -> int:
     """Run ``python -m torch_overlay ACTION`` for this repository and ``base`` inside the venv."""
-    venv = python.parent.parent
-    cmd = [python, "-m", "torch_overlay", action, "--repo", REPO, "--base", base.name]
-    return run(cmd, env=venv_env(venv=venv)).returncode
+    return run(overlay_command(python, action, base), env=venv_env(venv=python.parent.parent)).returncode
 
 
 def ensure_overlay(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:

@@ -59,6 +59,10 @@ class Base:
     def patches(self, repo: pathlib.Path) -> pathlib.Path:
         return repo / "patches" / self.name
 
+    def venv(self, repo: pathlib.Path) -> pathlib.Path:
+        """The overlay venv of this base: .venv for the default base, .venv-<base> for the others."""
+        return repo / (".venv" if self.name == DEFAULT else f".venv-{self.name}")
+
     def check(self, version: str) -> None:
         """Raise UnsupportedTorch unless ``version`` is a release of this base's line (2.1.x for v2.1.2)."""
         found = parse(version)

@@ -193,8 +193,8 @@ def _apply_hunks(
     patch_name: str,
     patched_file: unidiff.PatchedFile,
     known: Dict[int, _KnownLine],
-    replaceable: bool = False,
-    changed: Optional[Set[str]] = None,
+    replaceable: bool,
+    changed: Set[str],
 ) -> Dict[int, _KnownLine]:
     """The lines known after ``patched_file``, by line number, from those known before it.
 
@@ -219,8 +219,7 @@ def _apply_hunks(
                 removed = known.get(line.source_line_no)
                 if removed is None or removed.patch is None:
                     name = _check_replacement(patch_name, patched_file, hunk, replaceable, line.source_line_no)
-                    if changed is not None:
-                        changed.add(name)
+                    changed.add(name)
             elif line.is_added:
                 assert line.target_line_no is not None  # added lines have one
                 after[line.target_line_no] = _KnownLine(line.value, patch_name)

@@ -60,6 +60,14 @@ def load_script(name: str):
     return module
 
 
+def fake_command(bin_dir, name, body="exit 0"):
+    """An executable ``bin_dir/name`` that runs the shell commands ``body``."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / name).chmod(0o755)
+    return bin_dir / name
+
+
 def git(tree, *args):
     return subprocess.run(GIT + ["-C", str(tree), *args], capture_output=True, text=True, check=True).stdout
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import BASE, git, GIT, load_script, PATCHES, REPO, USER
+from conftest import BASE, fake_command, git, GIT, load_script, PATCHES, REPO, USER
 from torch_overlay import bases
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -322,13 +322,6 @@ def test_other_release_is_refused(pytorch_tree):
 
 
 # scripts/build
-
-
-def fake_command(bin_dir, name, body="exit 0"):
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
-    (bin_dir / name).chmod(0o755)
-    return bin_dir / name
 
 
 def fake_nvcc(bin_dir, release):

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import BASE, WHEEL_ORIGINALS
+from conftest import BASE, fake_command, WHEEL_ORIGINALS
 from torch_overlay import bases, callers, install as overlay, series
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -209,7 +209,6 @@ def test_renames_reach_only_the_replaced_functions(tmp_path, site):
 def fake_binutils(tmp_path, monkeypatch, call_from):
     """nm, readelf and objdump that show c10d::Reducer::f defined in libtorch_cpu.so and called from ``call_from``."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "libtorch_cpu.so").write_text("")
@@ -223,8 +222,7 @@ def fake_binutils(tmp_path, monkeypatch, call_from):
         ),
     }
     for name, body in scripts.items():
-        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / name).chmod(0o755)
+        fake_command(bin_dir, name, body)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return lib
 
@@ -386,10 +384,7 @@ def test_scripts_have_help(script):
 )
 def test_overlay_install_refuses_a_venv_with_other_torch(tmp_path, version, message):
     # A stand-in venv whose python reports that torch version, and would fail at anything else.
-    python = tmp_path / "venv" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.write_text(f"#!/bin/sh\necho {version}\n")
-    python.chmod(0o755)
+    fake_command(tmp_path / "venv" / "bin", "python", f"echo {version}")
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "overlay"), "install", "--venv", str(tmp_path / "venv")],
         capture_output=True,

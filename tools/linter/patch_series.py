@@ -276,7 +276,7 @@ def base_torch(base: bases.Base) -> overlay.Torch:
     torch = overlay.Torch.find()
     if bases.parse(torch.version) == base.release:
         return torch
-    venv = REPO / (".venv" if base.name == bases.DEFAULT else f".venv-{base.name}")
+    venv = base.venv(REPO)
     found = sorted(venv.glob("lib/python*/site-packages"))
     if not found:
         raise overlay.OverlayError(
