@@ -1,5 +1,6 @@
 """The lint adapters and the patch series linter find what they are for."""
 
+import json
 import subprocess
 import sys
 
@@ -111,6 +112,22 @@ def test_test_file_must_agree_with_the_series(tmp_path, monkeypatch):
     broken, _ = fake(copy, subject="[DDP] Test a thing", path="test/distributed/test_ddp_update_process_group.py")
     found = patch_series.lint_agreement(REAL + [broken], series)
     assert (found[-1].name, found[-1].path) == ("apply", broken.name)
+
+
+def test_adapter_prints_only_lint_messages_on_stdout(tmp_path, monkeypatch, capsys):
+    # What the overlay prints while the patches linter checks a wheel for the first time.
+    def lint(paths):
+        print("[overlay] checking that nothing in libtorch but the Python bindings calls Reducer::reset_state")
+        return [adapter.LintMessage(str(paths[0]), None, None, "PATCHES", "error", "apply", "it does not apply")]
+
+    monkeypatch.setattr(patch_series, "lint", lint)
+    paths = tmp_path / "paths"
+    paths.write_text(f"{REAL[0].relative_to(REPO)}\n")
+    monkeypatch.setattr(sys, "argv", ["adapter.py", "patches", f"@{paths}"])
+    adapter.main()
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["name"] for line in out.splitlines()] == ["apply"]
+    assert "[overlay] checking that nothing in libtorch" in err
 
 
 def test_flake8_adapter(tmp_path):

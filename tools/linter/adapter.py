@@ -12,6 +12,7 @@ One entry point serves every linter in .lintrunner.toml:
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -200,20 +201,29 @@ def main() -> None:
         init(args.args, args.dry_run == "1")
         return
     paths = read_paths(args.args)
-    if args.linter == "flake8":
-        emit(flake8(paths))
-    elif args.linter == "clang-format":
-        emit(clang_format(paths))
-    elif args.linter == "mypy":
-        emit(mypy(paths))
-    elif args.linter == "ufmt":
-        emit(ufmt(paths))
-    elif args.linter == "patches":
+    # lintrunner reads this process's stdout as lint messages, one JSON object per line, so
+    # whatever a linter prints on the way goes to stderr: the patches linter's overlay prints
+    # its progress when it first checks a wheel, before its result is in the build cache. (The
+    # linters' own subprocesses capture their output, so Python's stdout is the one to redirect.)
+    with contextlib.redirect_stdout(sys.stderr):
+        messages = run_linter(args.linter, paths)
+    emit(messages)
+
+
+def run_linter(linter: str, paths: List[str]) -> List[LintMessage]:
+    if linter == "flake8":
+        return flake8(paths)
+    if linter == "clang-format":
+        return clang_format(paths)
+    if linter == "mypy":
+        return mypy(paths)
+    if linter == "ufmt":
+        return ufmt(paths)
+    if linter == "patches":
         import patch_series  # next to this file, so on sys.path
 
-        emit(patch_series.lint([pathlib.Path(p) for p in paths]))
-    else:
-        emit(text_checks(args.linter, paths))
+        return patch_series.lint([pathlib.Path(p) for p in paths])
+    return text_checks(linter, paths)
 
 
 if __name__ == "__main__":
