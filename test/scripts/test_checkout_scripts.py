@@ -643,6 +643,19 @@ def test_torch_src_needs_a_build_of_that_checkout(pytorch_tree):
     assert f"is not the develop build of {pytorch_tree}" in result.stderr
 
 
+def test_torch_src_needs_the_test_tools(pytorch_tree, tmp_path):
+    # An interpreter that imports the checkout's torch, but not pytest-rerunfailures.
+    python = fake_command(
+        tmp_path / "bin",
+        "python",
+        f'case "$2" in *torch.__file__*) echo {pytorch_tree}/torch/__init__.py ;; '
+        "*device_count*) echo 0 ;; *find_spec*) echo pytest_rerunfailures ;; esac",
+    )
+    result = script("test", "--torch-src", pytorch_tree, "--python", python)
+    assert result.returncode == 2
+    assert f"{python} cannot import pytest_rerunfailures, which the tests run with" in result.stderr
+
+
 def test_torch_src_needs_a_pytorch_tree(tmp_path):
     result = script("test", "--torch-src", tmp_path, "--dry-run")
     assert result.returncode == 2 and "is not a git checkout" in result.stderr
