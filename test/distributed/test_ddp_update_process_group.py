@@ -877,7 +877,7 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
         for step in range(2, 4):
             self._step(ddp, ddp, members, step)
 
-    def _ddp_with_power_sgd(self):
+    def _ddp_with_power_sgd(self, hook=powerSGD_hook.powerSGD_hook):
         """A DDP module whose PowerSGD hook compresses from its third step on."""
         self._init_default_group()
         ddp = self._ddp()
@@ -886,7 +886,7 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
             start_powerSGD_iter=2,
             min_compression_rate=0.1,
         )
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        ddp.register_comm_hook(state, hook)
         return ddp, state
 
     def test_power_sgd_state_follows_group(self):
@@ -918,30 +918,39 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
             )
 
     def test_power_sgd_late_callbacks_cannot_reach_new_state(self):
-        # Rank 1 computes its Qs late in the failed pass, so the other ranks'
-        # allreduce of Qs completes, and their decompress() callbacks write
-        # PowerSGD's state, only after they changed the group.
-        ddp, state = self._ddp_with_power_sgd()
+        # The callbacks of a failed pass hold the state that the hook was given,
+        # and whether they run before or after the change depends on timing.
+        # Here the failed pass's whole PowerSGD work runs after the change, with
+        # that state: every write it makes is late, which is the worst case.
+        deferred = []
+        deferring = False
+
+        def power_sgd_deferred(hook_state, bucket):
+            if not deferring:
+                return powerSGD_hook.powerSGD_hook(hook_state, bucket)
+            deferred.append((hook_state, bucket))
+            return torch.futures.Future()
+
+        ddp, state = self._ddp_with_power_sgd(power_sgd_deferred)
         everyone = list(range(self.world_size))
         recovery_pg = dist.new_group(everyone)
         for step in range(4):
             ddp.zero_grad(set_to_none=True)
             _loss(ddp(_sample(self.rank, step, self.device))).backward()
         self.assertTrue(state.error_dict, msg="PowerSGD never compressed")
-        orthogonalize = powerSGD_hook._orthogonalize
-        held_back = threading.Event()
-
-        def orthogonalize_late(*args, **kwargs):
-            if self.rank == 1 and not held_back.is_set():
-                held_back.set()
-                time.sleep(2.0)
-            return orthogonalize(*args, **kwargs)
-
-        with mock.patch.object(powerSGD_hook, "_orthogonalize", orthogonalize_late):
-            self._failed_step(ddp, ddp, 4, raise_at="input")
-            ddp._update_process_group(recovery_pg)
-            new_state = ddp._comm_hook[0]
-            time.sleep(4.0)
+        iterations = state.iter
+        deferring = True
+        self._failed_step(ddp, ddp, 4, raise_at="input")
+        deferring = False
+        # The last bucket is the one whose hook increases the state's iter.
+        self.assertTrue(
+            any(bucket.is_last() for _, bucket in deferred),
+            msg="the failed pass did not launch its last bucket",
+        )
+        ddp._update_process_group(recovery_pg)
+        new_state = ddp._comm_hook[0]
+        for hook_state, bucket in deferred:
+            powerSGD_hook.powerSGD_hook(hook_state, bucket).wait()
         self.assertEqual(
             (
                 new_state.iter,
@@ -950,7 +959,10 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
                 new_state.q_memory_dict,
             ),
             (0, {}, {}, {}),
-            msg="a callback of the failed pass wrote into the new state",
+            msg="the failed pass's work wrote into the new state",
+        )
+        self.assertEqual(
+            state.iter, iterations + 1, msg="the failed pass's work did not write"
         )
         for step in range(5, 7):
             self._step(ddp, ddp, everyone, step)
