@@ -6,8 +6,9 @@ series in ``patches/<base>/``:
 * ``v2.1.2``, the default: adds ``DistributedDataParallel._update_process_group``
   to the last release without it, for teams that maintain PyTorch 2.1 in their
   own repository;
-* ``v2.11.0``: upstream has the API; the series fixes what upstream still gets
-  wrong, as a stack that pytorch/pytorch can take.
+* ``v2.14.1``: upstream has the API; the series fixes what upstream still gets
+  wrong, as a stack that pytorch/pytorch can take. 2.14.1 is the newest release
+  that pip installs on this project's machines.
 """
 
 import dataclasses
@@ -17,6 +18,9 @@ from typing import Dict, Optional, Tuple
 
 # The release (2.2) from which upstream has DistributedDataParallel._update_process_group.
 UPSTREAM_SINCE = (2, 2)
+# Where each series adds its test file in a PyTorch tree. This repository keeps each
+# base's copy of it in test/distributed/BASE/ (see Base.test_file).
+TEST_FILE = "test/distributed/test_ddp_update_process_group.py"
 
 
 class UnsupportedTorch(Exception):
@@ -42,6 +46,11 @@ class Base:
     submit_to: str
     # Pins that only this base's venv needs, besides torch itself.
     extra_requirements: Tuple[str, ...] = ()
+    # How many patches the series starts with that fix bugs (the rest extend), and the
+    # other releases whose files those fixes apply to and whose libtorch the overlay can
+    # carry them onto (scripts/overlay install --fixes-only, scripts/gpu-check).
+    fixes: int = 0
+    fixes_also_on: Tuple[str, ...] = ()
 
     @property
     def release(self) -> Tuple[int, int]:
@@ -59,9 +68,36 @@ class Base:
     def patches(self, repo: pathlib.Path) -> pathlib.Path:
         return repo / "patches" / self.name
 
+    def tests(self, repo: pathlib.Path) -> pathlib.Path:
+        """Where ``repo`` keeps the files that this base's series adds under test/distributed/."""
+        return repo / "test" / "distributed" / self.name
+
+    def test_file(self, repo: pathlib.Path) -> pathlib.Path:
+        """This base's copy of :data:`TEST_FILE`, byte for byte what its series adds."""
+        return self.repo_path(repo, TEST_FILE)
+
+    def repo_path(self, repo: pathlib.Path, tree_path: str) -> pathlib.Path:
+        """Where ``repo`` keeps the file that the series adds at ``tree_path`` under test/distributed/."""
+        prefix = "test/distributed/"
+        if not tree_path.startswith(prefix):
+            raise ValueError(f"{tree_path} is not under {prefix}")
+        return self.tests(repo) / tree_path[len(prefix) :]
+
     def venv(self, repo: pathlib.Path) -> pathlib.Path:
         """The overlay venv of this base: .venv for the default base, .venv-<base> for the others."""
         return repo / (".venv" if self.name == DEFAULT else f".venv-{self.name}")
+
+    def check_fixes(self, version: str) -> None:
+        """Raise UnsupportedTorch unless the fixes alone can be carried onto torch ``version``."""
+        if not self.fixes:
+            raise UnsupportedTorch(f"the {self.name} series marks no patches as fixes")
+        if parse(version) in [self.release] + [parse(v) for v in self.fixes_also_on]:
+            return
+        releases = ", ".join(f"{v[0]}.{v[1]}.x" for v in [self.release] + [parse(v) for v in self.fixes_also_on])
+        raise UnsupportedTorch(
+            f"the fixes of the {self.name} series (its first {self.fixes} patches) apply to torch "
+            f"{releases}, not to torch {version}."
+        )
 
     def check(self, version: str) -> None:
         """Raise UnsupportedTorch unless ``version`` is a release of this base's line (2.1.x for v2.1.2)."""
@@ -99,15 +135,22 @@ BASES: Dict[str, Base] = {
             extra_requirements=("numpy<2",),
         ),
         Base(
-            name="v2.11.0",
-            torch="2.11.0",
+            name="v2.14.1",
+            torch="2.14.1",
+            # The CUDA of its default wheel (torch.version.cuda of torch 2.14.1 from PyPI).
             newest_cuda=(13, 0),
             submit_to="pytorch/pytorch, applied onto a checkout of its main branch (or a repository your team owns)",
+            # 0001-0005: the in-flight collectives of an interrupted pass and of one that
+            # failed in finalize_backward(), the bucket assignment and model check, the
+            # argument check, distributed_test.py's tests. Their hunks apply to the files
+            # of the 2.11.0 wheel, the torch of the GPU machines (scripts/gpu-check).
+            fixes=5,
+            fixes_also_on=("2.11.0",),
         ),
     )
 }
 DEFAULT = "v2.1.2"
-LATEST = "v2.11.0"
+LATEST = "v2.14.1"
 
 
 def get(name: Optional[str]) -> Base:

@@ -1,0 +1,2152 @@
+# Owner(s): ["oncall: distributed"]
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import os
+import pickle
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from datetime import timedelta
+from typing import List, Tuple
+from unittest import mock
+
+import hypothesis
+import hypothesis.strategies as st
+
+import torch
+import torch.distributed as dist
+
+if not dist.is_available():
+    print("Distributed not available, skipping tests", file=sys.stderr)
+    sys.exit(0)
+
+import torch._dynamo
+import torch._dynamo.testing
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.distributed.algorithms.ddp_comm_hooks import (
+    default_hooks,
+    post_localSGD_hook,
+    powerSGD_hook,
+)
+from torch.nn.parallel import DistributedDataParallel
+from torch.testing._internal.common_distributed import (
+    MultiProcessTestCase,
+    requires_gloo,
+    requires_nccl,
+)
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    skip_but_pass_in_sandcastle_if,
+    TEST_WITH_DEV_DBG_ASAN,
+    TestCase,
+)
+
+if TEST_WITH_DEV_DBG_ASAN:
+    print(
+        "Skip dev-asan as torch + multiprocessing spawn have known issues",
+        file=sys.stderr,
+    )
+    sys.exit(0)
+
+
+class SimulatedError(RuntimeError):
+    pass
+
+
+class _RaiseInBackward(torch.autograd.Function):
+    """Identity whose backward raises.
+
+    Applied to the input, its backward runs after every parameter's
+    AccumulateGrad, which the autograd engine runs as soon as they are ready.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise SimulatedError("simulated failure in backward")
+
+
+class Net(nn.Module):
+    """Three layers; ``fc2`` can be left out of the graph to leave it unused."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.fc2 = nn.Linear(8, 8)
+        self.fc3 = nn.Linear(8, 3)
+
+    def forward(self, x, use_fc2=True):
+        h = F.relu(self.fc1(x))
+        if use_fc2:
+            h = F.relu(self.fc2(h))
+        return self.fc3(h)
+
+
+class NetWithBuffer(Net):
+    """``Net`` with a buffer that forward writes, for ``broadcast_buffers``."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("last_mean", torch.zeros(3))
+
+    def forward(self, x, use_fc2=True):
+        out = super().forward(x, use_fc2)
+        self.last_mean.copy_(out.detach().mean(0))
+        return out
+
+
+class NetWithSparseEmbedding(Net):
+    """``Net`` whose input also goes through an embedding with sparse gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 6, sparse=True)
+
+    def forward(self, x, use_fc2=True):
+        ids = (x.detach().abs() * 3).long().clamp(max=9)
+        return super().forward(x + self.emb(ids).mean(1), use_fc2)
+
+
+class NetOutOfOrder(nn.Module):
+    """Two layers of the same sizes, used in the reverse of their order here.
+
+    The constructor puts their parameters in one bucket in the reverse of this
+    order, and the bucket rebuilt after the first backward pass holds them in
+    the order their gradients came: the same sizes, at other offsets.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(6, 6)
+        self.second = nn.Linear(6, 6)
+
+    def forward(self, x, use_fc2=True):
+        return self.first(F.relu(self.second(x)))
+
+
+class NetWithSyncBatchNorm(Net):
+    """``Net`` with ``SyncBatchNorm`` layers: on DDP's group, on the default group, on another."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.SyncBatchNorm(8)
+        self.default_bn = nn.SyncBatchNorm(8)
+        self.own_bn = nn.SyncBatchNorm(8)
+
+    def forward(self, x, use_fc2=True):
+        h = self.own_bn(self.default_bn(self.bn(F.relu(self.fc1(x)))))
+        if use_fc2:
+            h = F.relu(self.fc2(h))
+        return self.fc3(h)
+
+
+def _sample(owner, step, device):
+    """The batch that the process with original rank ``owner`` trains on at ``step``."""
+    gen = torch.Generator().manual_seed(1000 * step + owner)
+    return torch.randn(4, 6, generator=gen).to(device)
+
+
+def _loss(out):
+    return out.pow(2).sum()
+
+
+class _FailedWork(dist.Work):
+    """The work of a collective that failed, as a Gloo peer that died fails it.
+
+    Its wait() raises, and its future holds the error, for C++ as for Python:
+    Future.set_exception() would store the exception as the future's value,
+    which only Python raises.
+    """
+
+    def __init__(self):
+        super().__init__()
+
+        def fail(_):
+            raise SimulatedError("simulated failed collective")
+
+        source = torch.futures.Future()
+        self._future = source.then(fail)
+        source.set_result(None)
+
+    def wait(self, timeout=None):
+        raise SimulatedError("simulated failed collective")
+
+    def get_future(self):
+        return self._future
+
+
+@torch.no_grad()
+def _write_late(t):
+    """Writes into ``t`` as a collective of a failed pass would, long after.
+
+    On CUDA it writes on a stream of its own, as NCCL does, after everything
+    enqueued so far.
+    """
+    if not t.is_cuda:
+        stream = None
+    else:
+        stream = torch.cuda.Stream(t.device)
+        stream.wait_stream(torch.cuda.current_stream(t.device))
+    with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+        if t.dtype == torch.int:
+            t.fill_(1)
+        else:
+            t.mul_(1e6)
+    if stream:
+        t.record_stream(stream)
+
+
+def _memory(t):
+    return (t._values() if t.is_sparse else t).untyped_storage().data_ptr()
+
+
+class _HeldGroup(dist.ProcessGroup):
+    """A process group that runs its collectives on ``inner``, or holds them back.
+
+    While ``holding``, an allreduce does not run: it returns a work that is
+    pending, as the collective of a backward pass whose peer died is. Such a
+    collective may still complete later and write its tensors in place. Here
+    it does when the test calls :meth:`release`, or, after
+    ``release_before(other)``, just before ``other`` runs an allreduce of the
+    same memory: the worst moment, as the next iteration's own collective of
+    those tensors starts. A released collective writes ``1e6`` times the
+    values, or ones into a map of used parameters (see :func:`_write_late`).
+
+    ``complete_on_enqueue`` completes a held work's future at once, as NCCL
+    does when it enqueues a collective, although its write comes later.
+    ``fail_first`` fails the first held allreduce instead, as a collective
+    that reports an error when it is waited on does.
+
+    Allgathers always run, counted from 1: ``fail_allgather = n`` fails the
+    n-th instead, and ``edit_allgather = (n, fn)`` calls ``fn`` on the list of
+    tensors that the n-th gathered, once it completes, as data corrupted in
+    flight.
+    """
+
+    def __init__(self, inner):
+        super().__init__(inner.rank(), inner.size())
+        self.inner = inner
+        self.holding = False
+        self.complete_on_enqueue = False
+        self.fail_first = False
+        self.held = []
+        self.released = 0
+        self._release_into = []
+        self.allgathers = 0
+        self.fail_allgather = None
+        self.edit_allgather = (None, None)
+
+    def getBackendName(self):
+        # Not the inner group's name, whose backend objects this group lacks.
+        return "held"
+
+    def allreduce(self, tensors, opts=None):
+        for other in self._release_into:
+            other.release(sharing_memory_with=tensors)
+        if not self.holding:
+            return self.inner.allreduce(tensors, opts or dist.AllreduceOptions())
+        if self.fail_first:
+            self.fail_first = False
+            return _FailedWork()
+        cuda = [t.device for t in tensors if t.is_cuda]
+        future = torch.futures.Future(devices=cuda or None)
+        if self.complete_on_enqueue:
+            future.set_result(tensors)
+        self.held.append((tensors, future))
+        return _create_work_from_future(future)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        self.allgathers += 1
+        if self.allgathers == self.fail_allgather:
+            return _FailedWork()
+        work = self.inner.allgather(
+            output_tensors,
+            input_tensors,
+            opts or dist.distributed_c10d.AllgatherOptions(),
+        )
+        if self.allgathers != self.edit_allgather[0]:
+            return work
+        work.wait()
+        self.edit_allgather[1](output_tensors[0])
+        done = torch.futures.Future()
+        done.set_result(output_tensors)
+        return _create_work_from_future(done)
+
+    def broadcast(self, tensors, opts=None):
+        return self.inner.broadcast(
+            tensors, opts or dist.distributed_c10d.BroadcastOptions()
+        )
+
+    def release_before(self, other):
+        other._release_into.append(self)
+
+    def release(self, sharing_memory_with=None):
+        """Completes the held collectives, or those that write this memory."""
+        memory = {_memory(t) for t in sharing_memory_with or ()}
+        pending = []
+        for tensors, future in self.held:
+            if memory and not memory & {_memory(t) for t in tensors}:
+                pending.append((tensors, future))
+                continue
+            for t in tensors:
+                _write_late(t)
+            if not future.done():
+                future.set_result(tensors)
+            self.released += 1
+        self.held = pending
+
+
+@instantiate_parametrized_tests
+class UpdateProcessGroupTest:
+    """Cases of DistributedDataParallel._update_process_group, for every backend.
+
+    Every case checks the gradients of each step against a reference computed
+    locally: the average, over the members of the *current* group, of the
+    gradients that a plain copy of the module gets on each member's batch.
+    """
+
+    backend = None
+
+    @property
+    def world_size(self):
+        return 4
+
+    @property
+    def device(self):
+        raise NotImplementedError
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    # Helpers
+
+    def _init_default_group(self, world_size=None, rank=None, file_name=None):
+        world_size = world_size or self.world_size
+        dist.init_process_group(
+            self.backend,
+            store=dist.FileStore(file_name or self.file_name, world_size),
+            rank=self.rank if rank is None else rank,
+            world_size=world_size,
+        )
+
+    def _ddp(self, module_cls=Net, **kwargs):
+        torch.manual_seed(0)
+        module = module_cls().to(self.device)
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=device_ids, **kwargs)
+
+    def _held_group(self):
+        return _HeldGroup(dist.new_group(list(range(self.world_size))))
+
+    def _ddp_with_several_buckets(self, **kwargs):
+        """A DDP module with about one parameter per bucket, once they are rebuilt."""
+        with mock.patch.object(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 100):
+            return self._ddp(bucket_cap_mb=1e-4, **kwargs)
+
+    def _groups_of_one(self):
+        """Gives every rank a group of its own; returns this rank's."""
+        groups = [dist.new_group([rank]) for rank in range(self.world_size)]
+        return groups[self.rank]
+
+    def _assert_identical(self, tensors, group, members):
+        """Checks that every member of ``group`` holds the same ``tensors``, bit for bit."""
+        flat = torch.cat([t.detach().flatten() for t in tensors])
+        gathered = [torch.zeros_like(flat) for _ in members]
+        dist.all_gather(gathered, flat, group=group)
+        for member, other in zip(members, gathered):
+            self.assertEqual(
+                other, flat, atol=0, rtol=0, msg=f"rank {member} holds other values"
+            )
+
+    def _sync_params(self, ddp, src):
+        """What a user does today before growing: give joining ranks the members' weights."""
+        for p in ddp.module.parameters():
+            dist.broadcast(p.data, src)
+
+    def _split(self):
+        """Gives each half of the ranks a group; returns this rank's half and its group.
+
+        Both halves train at once, so a part of DDP left on the group of all
+        ranks averages over all of them and gets the gradients wrong, where a
+        group that only some ranks use would hang instead.
+        """
+        everyone = list(range(self.world_size))
+        halves = [everyone[: self.world_size // 2], everyone[self.world_size // 2 :]]
+        groups = [dist.new_group(half) for half in halves]
+        mine = 0 if self.rank in halves[0] else 1
+        return halves[mine], groups[mine]
+
+    def _reference_grads(self, module, members, step, use_fc2):
+        # Process groups cannot be copied; SyncBatchNorm layers hold theirs.
+        groups = [getattr(m, "process_group", None) for m in module.modules()]
+        reference = copy.deepcopy(
+            module, memo={id(g): g for g in groups if g is not None}
+        )
+        total = [torch.zeros_like(p) for p in reference.parameters()]
+        for member in members:
+            reference.zero_grad(set_to_none=True)
+            x = _sample(member, step, self.device).to(total[0].dtype)
+            _loss(reference(x, use_fc2)).backward()
+            for acc, p in zip(total, reference.parameters()):
+                if p.grad is not None:
+                    acc += p.grad
+        return [acc / len(members) for acc in total]
+
+    def _step(
+        self,
+        ddp,
+        members,
+        step,
+        use_fc2=True,
+        set_to_none=True,
+        model=None,
+        optimizer=None,
+        tol=None,
+    ):
+        """Trains one step and checks every gradient against the reference.
+
+        A parameter that no member used must have no gradient. ``model`` is
+        what runs the step, ``ddp`` itself by default (or a compiled ``ddp``);
+        ``tol`` is the absolute and relative tolerance, for compressing hooks.
+        """
+        expected = self._reference_grads(ddp.module, members, step, use_fc2)
+        ddp.zero_grad(set_to_none=set_to_none)
+        x = _sample(self.rank, step, self.device).to(expected[0].dtype)
+        _loss((ddp if model is None else model)(x, use_fc2)).backward()
+        for (name, p), want in zip(ddp.module.named_parameters(), expected):
+            if not use_fc2 and name.startswith("fc2.") and set_to_none:
+                self.assertIsNone(p.grad, msg=f"unused {name} got a gradient")
+                continue
+            got = p.grad.to_dense() if p.grad.is_sparse else p.grad
+            self.assertEqual(
+                got,
+                want,
+                atol=tol,
+                rtol=tol,
+                msg=f"rank {self.rank}: gradient of {name} at step {step} is not "
+                f"the average over members {members}",
+            )
+        if optimizer is not None:
+            optimizer.step()
+
+    def _failed_step(self, ddp, step, raise_at="input", model=None):
+        """Runs a backward pass that raises part way through.
+
+        ``raise_at="input"`` raises once every parameter has its gradient, so
+        every bucket's allreduce has been launched; ``"fc2"`` raises before
+        fc2 and fc1 have theirs, so only buckets that hold nothing but fc3's
+        parameters have been.
+        """
+        x = _sample(self.rank, step, self.device).requires_grad_()
+        handle = None
+        if raise_at == "input":
+            x = _RaiseInBackward.apply(x)
+        else:
+
+            def fail(grad):
+                raise SimulatedError(f"simulated failure on rank {self.rank}")
+
+            handle = ddp.module.fc2.weight.register_hook(fail)
+        try:
+            with self.assertRaises(SimulatedError):
+                _loss((ddp if model is None else model)(x)).backward()
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    def _compile_counter(self):
+        torch._dynamo.reset()
+        return torch._dynamo.testing.CompileCounter()
+
+    # Cases
+
+    @parametrize("gradient_as_bucket_view", [False, True])
+    @parametrize("complete_on_enqueue", [False, True])
+    def test_recover_while_collectives_in_flight(
+        self, gradient_as_bucket_view, complete_on_enqueue
+    ):
+        # The failed pass launched its bucket's allreduce and that of the map
+        # of used parameters. They are held back, and write into their tensors
+        # as the next step reduces the same memory, if it does.
+        self._init_default_group()
+        old, new = self._held_group(), self._held_group()
+        ddp = self._ddp(
+            process_group=old,
+            find_unused_parameters=True,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+        )
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        old.holding = True
+        old.complete_on_enqueue = complete_on_enqueue
+        self._failed_step(ddp, 1)
+        self.assertEqual(len(old.held), 2, msg="the failed pass launched no allreduce")
+        old.release_before(new)
+        ddp._update_process_group(new)
+        if gradient_as_bucket_view:
+            # A gradient that is a view of the bucket being written is dropped.
+            self.assertEqual([p.grad for p in ddp.parameters()], [None] * 6)
+        self._step(ddp, everyone, 2, use_fc2=False)
+        old.release()
+        self._step(ddp, everyone, 3)
+
+    def test_recover_with_sparse_gradient_in_flight(self):
+        # A sparse bucket's collective writes into the parameter's gradient
+        # itself, which the next step zeroes in place and accumulates into.
+        if self.backend == "nccl":
+            self.skipTest("NCCL has no sparse allreduce")
+        self._init_default_group()
+        old, new = self._held_group(), self._held_group()
+        ddp = self._ddp(module_cls=NetWithSparseEmbedding, process_group=old)
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0, set_to_none=False)
+        old.holding = True
+        self._failed_step(ddp, 1)
+        self.assertTrue(
+            any(t.is_sparse for tensors, _ in old.held for t in tensors),
+            msg="the failed pass launched no sparse allreduce",
+        )
+        old.release_before(new)
+        ddp._update_process_group(new)
+        self.assertIsNone(
+            ddp.module.emb.weight.grad, msg="the in-flight sparse gradient was kept"
+        )
+        self._step(ddp, everyone, 2, set_to_none=False)
+        old.release()
+        self._step(ddp, everyone, 3, set_to_none=False)
+
+    @parametrize("complete_on_enqueue", [False, True])
+    def test_recover_when_finalize_fails(self, complete_on_enqueue):
+        # finalize_backward() raises where it waits for the first bucket,
+        # whose collective failed; the collectives of the other buckets and of
+        # the map of used parameters were launched, and are held back. The
+        # ranks go on in halves, without fc2: the division factor, the map and
+        # the buckets of the failed pass must not outlive it.
+        self._init_default_group()
+        old = self._held_group()
+        members, pg = self._split()
+        half = _HeldGroup(pg)
+        ddp = self._ddp_with_several_buckets(
+            process_group=old, find_unused_parameters=True
+        )
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        buckets = len(ddp.reducer._get_zeros_like_grad_buckets())
+        self.assertGreater(buckets, 2)
+        old.holding = True
+        old.fail_first = True
+        old.complete_on_enqueue = complete_on_enqueue
+        with self.assertRaisesRegex(Exception, "simulated failed collective"):
+            _loss(ddp(_sample(self.rank, 1, self.device))).backward()
+        self.assertEqual(len(old.held), buckets, msg="not every allreduce was held")
+        old.release_before(half)
+        ddp._update_process_group(half)
+        self._step(ddp, members, 2, use_fc2=False)
+        old.release()
+        self._step(ddp, members, 3)
+
+    @parametrize("rebuilt", ["other_sizes", "other_offsets"])
+    def test_rank_outside_while_others_rebuilt(self, rebuilt):
+        # The first half trains, and rebuilds its buckets from the order its
+        # gradients came in, while the second half is outside the group with
+        # the constructor's buckets. Once all are together again, they must
+        # agree on the buckets: the rebuilt ones have other sizes (Net with
+        # small buckets), or the same sizes with parameters at other offsets
+        # (NetOutOfOrder), which nothing but wrong gradients would show.
+        self._init_default_group()
+        if rebuilt == "other_sizes":
+            ddp = self._ddp_with_several_buckets()
+        else:
+            ddp = self._ddp(module_cls=NetOutOfOrder)
+        everyone = list(range(self.world_size))
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        world_pg = dist.new_group(everyone)
+        ddp._update_process_group(first_pg)
+        if self.rank in first:
+            for step in range(3):
+                self._step(ddp, first, step)
+        ddp._update_process_group(world_pg)
+        self._sync_params(ddp, src=first[0])
+        for step in range(3, 6):
+            self._step(ddp, everyone, step)
+
+    def test_reinit_default_group_renumbered(self):
+        # The default group is torn down and set up again with fewer ranks,
+        # which renumbers them, and later with all of them. Rank 0 is out
+        # while the others rebuild their buckets.
+        self._init_default_group()
+        ddp = self._ddp_with_several_buckets()
+        self._step(ddp, list(range(self.world_size)), 0)
+        survivors = list(range(1, self.world_size))
+        dist.destroy_process_group()
+        if self.rank in survivors:
+            self._init_default_group(
+                world_size=len(survivors),
+                rank=survivors.index(self.rank),
+                file_name=self.file_name + ".survivors",
+            )
+            ddp._update_process_group(dist.group.WORLD)
+            for step in range(1, 4):
+                self._step(ddp, survivors, step)
+            dist.destroy_process_group()
+        self._init_default_group(file_name=self.file_name + ".everyone")
+        ddp._update_process_group(dist.group.WORLD)
+        self._sync_params(ddp, src=survivors[0])
+        for step in range(4, 7):
+            self._step(ddp, list(range(self.world_size)), step)
+
+    def test_change_keeps_bucket_storage(self):
+        # Gradients that are views of the buckets stay views of the same
+        # storage across a change: no bucket is allocated again.
+        self._init_default_group()
+        ddp = self._ddp_with_several_buckets(gradient_as_bucket_view=True)
+        everyone = list(range(self.world_size))
+        for step in range(2):
+            self._step(ddp, everyone, step, set_to_none=False)
+        self.assertGreater(len(ddp.reducer._get_zeros_like_grad_buckets()), 2)
+        storage = [p.grad.data_ptr() for p in ddp.parameters()]
+        members, pg = self._split()
+        ddp._update_process_group(pg)
+        self.assertEqual([p.grad.data_ptr() for p in ddp.parameters()], storage)
+        for step in range(2, 4):
+            self._step(ddp, members, step, set_to_none=False)
+        self.assertEqual([p.grad.data_ptr() for p in ddp.parameters()], storage)
+
+    def test_group_without_backend_for_device_changes_nothing(self):
+        # Like an NCCL group for a CPU module: a group whose only backend
+        # serves another device type than the module's. The call's first
+        # collective fails on every rank, before anything changes.
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        other = torch.device("cuda" if self.device.type == "cpu" else "cpu")
+        store = dist.PrefixStore(
+            "other_device", dist.distributed_c10d._get_default_store()
+        )
+        wrong = dist.ProcessGroup(store, self.rank, self.world_size)
+        wrong._register_backend(
+            other,
+            dist.ProcessGroup.BackendType.GLOO,
+            dist.ProcessGroupGloo(store, self.rank, self.world_size),
+        )
+        self._step(ddp, everyone, 0)
+        with self.assertRaisesRegex(
+            RuntimeError,
+            f"No backend type associated with device type {self.device.type}",
+        ):
+            ddp._update_process_group(wrong)
+        self.assertIs(ddp.process_group, dist.group.WORLD)
+        for step in range(1, 3):
+            self._step(ddp, everyone, step)
+
+    def _assert_unchanged(self, ddp, group, buckets, members):
+        """Checks that ``ddp`` is still on ``group``, with ``buckets``, and trains there."""
+        self.assertIs(ddp.process_group, group)
+        self.assertEqual(
+            [b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()],
+            buckets,
+        )
+        for step in range(1, 3):
+            self._step(ddp, members, step)
+
+    @parametrize("differs", ["sizes", "count", "dims", "dtype"])
+    def test_other_model_is_refused_on_every_rank(self, differs):
+        # Each rank trains alone, and rank 1 holds another model than the
+        # others. The call must fail on every rank, with the same error,
+        # before any collective whose lengths differ (Gloo aborts on one).
+        self._init_default_group()
+        alone = self._groups_of_one()
+        ddp = self._ddp(process_group=alone)
+        if self.rank == 1:
+            module = ddp.module
+            if differs == "sizes":
+                module.fc3 = nn.Linear(8, 4)
+            elif differs == "count":
+                module.fc3 = nn.Linear(8, 3, bias=False)
+            elif differs == "dims":
+                module.fc3.bias = nn.Parameter(torch.zeros(1, 3))
+            else:
+                module.double()
+            ddp = DistributedDataParallel(module, process_group=alone)
+        self._step(ddp, [self.rank], 0)
+        buckets = [
+            b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()
+        ]
+        world_pg = dist.new_group(list(range(self.world_size)))
+        with self.assertRaises(RuntimeError) as caught:
+            ddp._update_process_group(world_pg)
+        message = str(caught.exception).split("\n")[0]
+        expected = {
+            "sizes": "but parameter 4 (fc3.weight) has sizes [4, 8], strides [8, 1], "
+            "dtype Float on rank 1, and sizes [3, 8], strides [8, 1], dtype Float "
+            "on rank 0.",
+            "count": "but rank 1 has 5 parameters, and rank 0 has 6.",
+            "dims": "but parameter 5 (fc3.bias) has sizes [1, 3], strides [3, 1], "
+            "dtype Float on rank 1, and sizes [3], strides [1], dtype Float on "
+            "rank 0.",
+            "dtype": "but parameter 0 (fc1.weight) has sizes [8, 6], strides [6, 1], "
+            "dtype Double on rank 1, and sizes [8, 6], strides [6, 1], dtype Float "
+            "on rank 0.",
+        }[differs]
+        self.assertEqual(
+            message,
+            "DistributedDataParallel._update_process_group() needs the same model "
+            f"on every rank of the new process group, {expected} Pass a module "
+            "with the same parameters on every rank. Nothing has changed: the "
+            "module is still on its previous process group, with its buckets.",
+        )
+        self._assert_unchanged(ddp, alone, buckets, [self.rank])
+
+    @parametrize("failing", [1, 2])
+    def test_failed_bucket_alignment_changes_nothing(self, failing):
+        # The first or the second collective of the call fails, on every rank,
+        # on the way to each half's group: every rank trains on with all.
+        self._init_default_group()
+        ddp = self._ddp_with_several_buckets()
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        buckets = [
+            b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()
+        ]
+        _, pg = self._split()
+        new = _HeldGroup(pg)
+        new.fail_allgather = failing
+        with self.assertRaisesRegex(RuntimeError, "simulated failed collective"):
+            ddp._update_process_group(new)
+        self._assert_unchanged(ddp, dist.group.WORLD, buckets, everyone)
+
+    def _edit_assignment(self, ddp, edit):
+        """A group of everyone that lets ``edit`` change rank 0's bucket assignment in flight.
+
+        ``edit(sizes, indices)`` gets the two last fields of the assignment, as
+        laid out in Note [Bucket assignment across a new process group], and
+        returns them changed.
+        """
+        n = len(list(ddp.parameters()))
+        new = self._held_group()
+
+        def corrupt(rows):
+            row = rows[0]
+            sizes, indices = edit(row[-2 * n : -n].tolist(), row[-n:].tolist())
+            row[-2 * n - 1] = sum(1 for size in sizes if size)
+            row[-2 * n :] = torch.tensor(sizes + indices, device=row.device)
+
+        new.edit_allgather = (2, corrupt)
+        return new
+
+    def test_received_assignment_is_checked(self):
+        # Rank 0's assignment reaches every rank with a parameter twice.
+        self._init_default_group()
+        ddp = self._ddp_with_several_buckets()
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        buckets = [
+            b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()
+        ]
+        new = self._edit_assignment(
+            ddp, lambda sizes, indices: (sizes, indices[:-1] + indices[:1])
+        )
+        with self.assertRaises(RuntimeError) as caught:
+            ddp._update_process_group(new)
+        self.assertEqual(
+            str(caught.exception).split("\n")[0],
+            "DistributedDataParallel._update_process_group() received a bucket "
+            "assignment from rank 0 of the new process group that is not a "
+            "partition of the module's 6 parameters into buckets, so rank 0 holds "
+            "another model or its reducer is corrupt. Nothing has changed: the "
+            "module is still on its previous process group, with its buckets.",
+        )
+        self._assert_unchanged(ddp, dist.group.WORLD, buckets, everyone)
+
+    def test_failed_bucket_initialization_changes_nothing(self):
+        # Rank 0's assignment reaches every rank as one bucket of all
+        # parameters, where a sparse gradient cannot go: every rank's
+        # initialize_buckets() raises, and each keeps its own buckets.
+        if self.backend == "nccl":
+            self.skipTest("NCCL has no sparse allreduce")
+        self._init_default_group()
+        ddp = self._ddp(module_cls=NetWithSparseEmbedding, gradient_as_bucket_view=True)
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        grads = [p.grad for p in ddp.parameters()]
+        buckets = [
+            b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()
+        ]
+        self.assertGreater(len(buckets), 1)
+        new = self._edit_assignment(
+            ddp,
+            lambda sizes, indices: ([len(indices)] + [0] * (len(sizes) - 1), indices),
+        )
+        with self.assertRaisesRegex(
+            RuntimeError, "cannot include variables that expect a sparse gradient"
+        ):
+            ddp._update_process_group(new)
+        self.assertTrue(all(p.grad is g for p, g in zip(ddp.parameters(), grads)))
+        self._assert_unchanged(ddp, dist.group.WORLD, buckets, everyone)
+
+    def test_bad_argument_changes_nothing(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        for bad in ("gloo", 3, None):
+            with self.assertRaises(TypeError) as caught:
+                ddp._update_process_group(bad)
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() expects a torch.distributed.ProcessGroup, \
+or GroupMember.NON_GROUP_MEMBER as new_group() returns it on ranks outside the group, \
+but got NoneType: None""",
+        )
+        with self.assertRaisesRegex(RuntimeError, "needs a process group, got none"):
+            ddp.reducer._update_process_group(None)
+        self.assertIs(ddp.process_group, dist.group.WORLD)
+        for step in range(1, 3):
+            self._step(ddp, everyone, step)
+
+    def test_shrink_switch_expand(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        cnt = self._compile_counter()
+        model = torch.compile(ddp, backend=cnt)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        everyone = list(range(self.world_size))
+        half = self.world_size // 2
+        first, second = everyone[:half], everyone[half:]
+        first_pg = dist.new_group(first)
+        second_pg = dist.new_group(second)
+        world_pg = dist.new_group(everyone)
+
+        self._step(ddp, everyone, 0, model=model, optimizer=optimizer)
+        frames = cnt.frame_count
+        self.assertGreater(frames, 0)
+        for members, pg in ((first, first_pg), (second, second_pg)):
+            ddp._update_process_group(pg)
+            if self.rank in members:
+                self.assertIs(ddp.process_group, pg)
+                for step in range(1, 4):
+                    self._step(ddp, members, step, model=model, optimizer=optimizer)
+        ddp._update_process_group(world_pg)
+        self.assertIs(ddp.process_group, world_pg)
+        self._sync_params(ddp, src=first[0])
+        for step in range(4, 7):
+            self._step(ddp, everyone, step, model=model, optimizer=optimizer)
+        self.assertEqual(cnt.frame_count, frames, msg="changing the group recompiled")
+
+    def test_inductor_no_recompile(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        torch._dynamo.reset()
+        model = torch.compile(ddp, backend="inductor")
+        everyone = list(range(self.world_size))
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        world_pg = dist.new_group(everyone)
+        self._step(ddp, everyone, 0, model=model)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        self.assertGreater(graphs, 0)
+        ddp._update_process_group(first_pg)
+        if self.rank in first:
+            self._step(ddp, first, 1, model=model)
+        ddp._update_process_group(world_pg)
+        self._step(ddp, everyone, 2, model=model)
+        self.assertEqual(
+            torch._dynamo.utils.counters["stats"]["unique_graphs"],
+            graphs,
+            msg="changing the group recompiled",
+        )
+
+    @parametrize("find_unused_parameters", [False, True])
+    @parametrize("raise_at", ["input", "fc2"])
+    def test_recover_after_error_in_backward(self, find_unused_parameters, raise_at):
+        self._init_default_group()
+        ddp = self._ddp(find_unused_parameters=find_unused_parameters)
+        cnt = self._compile_counter()
+        model = torch.compile(ddp, backend=cnt)
+        everyone = list(range(self.world_size))
+        recovery_pg = dist.new_group(everyone)
+        self._step(ddp, everyone, 0, model=model)
+        self._failed_step(ddp, 1, raise_at=raise_at, model=model)
+        frames = cnt.frame_count
+        ddp._update_process_group(recovery_pg)
+        for step in range(2, 5):
+            self._step(ddp, everyone, step, model=model)
+        self.assertEqual(cnt.frame_count, frames, msg="recovering recompiled")
+
+    def test_recover_with_other_unused_parameters(self):
+        # The failed pass used fc2, the next ones do not: nothing of the failed
+        # pass's record of used parameters may survive the reset (#128092).
+        self._init_default_group()
+        ddp = self._ddp(find_unused_parameters=True)
+        everyone = list(range(self.world_size))
+        recovery_pg = dist.new_group(everyone)
+        self._step(ddp, everyone, 0)
+        self._failed_step(ddp, 1)
+        ddp._update_process_group(recovery_pg)
+        for step in range(2, 4):
+            self._step(ddp, everyone, step, use_fc2=False)
+        self._step(ddp, everyone, 4)
+
+    def test_gradient_as_bucket_view(self):
+        self._init_default_group()
+        ddp = self._ddp(gradient_as_bucket_view=True)
+        everyone = list(range(self.world_size))
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        world_pg = dist.new_group(everyone)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        for step in range(2):
+            self._step(ddp, everyone, step, optimizer=optimizer)
+        ddp._update_process_group(first_pg)
+        if self.rank in first:
+            for step in range(2, 5):
+                self._step(ddp, first, step, optimizer=optimizer)
+        ddp._update_process_group(world_pg)
+        self._sync_params(ddp, src=first[0])
+        for step in range(5, 7):
+            self._step(ddp, everyone, step, optimizer=optimizer)
+            # The model fits one bucket, so every gradient is a view of it.
+            storages = {p.grad.untyped_storage().data_ptr() for p in ddp.parameters()}
+            self.assertEqual(
+                len(storages), 1, msg="gradients are not views of the bucket"
+            )
+
+    def test_broadcast_buffers_follow_group(self):
+        self._init_default_group()
+        ddp = self._ddp(module_cls=NetWithBuffer, broadcast_buffers=True)
+        everyone = list(range(self.world_size))
+        second = everyone[self.world_size // 2 :]
+        second_pg = dist.new_group(second)
+        ddp._update_process_group(second_pg)
+        if self.rank in second:
+            # Each rank writes its own value; the forward must first replace
+            # it with the value of the new group's rank 0.
+            ddp.module.last_mean.fill_(float(self.rank))
+            seen = []
+            handle = ddp.module.register_forward_pre_hook(
+                lambda module, args: seen.append(module.last_mean.clone())
+            )
+            ddp(_sample(self.rank, 0, self.device))
+            handle.remove()
+            self.assertEqual(
+                seen, [torch.full((3,), float(second[0]), device=self.device)]
+            )
+            for step in range(1, 3):
+                self._step(ddp, second, step)
+
+    def test_several_buckets(self):
+        self._init_default_group()
+        ddp = self._ddp_with_several_buckets()
+        everyone = list(range(self.world_size))
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        recovery_pg = dist.new_group(everyone)
+        world_pg = dist.new_group(everyone)
+        self._step(ddp, everyone, 0)
+        # Buckets are rebuilt from the gradients' ready order in this step.
+        self._step(ddp, everyone, 1)
+        self.assertGreater(len(ddp.reducer._get_zeros_like_grad_buckets()), 2)
+        ddp._update_process_group(first_pg)
+        if self.rank in first:
+            for step in range(2, 5):
+                self._step(ddp, first, step)
+        ddp._update_process_group(world_pg)
+        for step in range(5, 7):
+            self._step(ddp, everyone, step)
+        self._failed_step(ddp, 7, raise_at="fc2")
+        ddp._update_process_group(recovery_pg)
+        for step in range(8, 10):
+            self._step(ddp, everyone, step)
+
+    @parametrize("caller", ["training_thread", "other_thread"])
+    def test_change_between_forward_and_backward(self, caller):
+        # The backward pass of a forward pass that ran before the change
+        # reduces over the new group; so does an evaluation forward pass's,
+        # which never comes. In the first change, the second half of the
+        # ranks, which had not trained while the first half rebuilt its
+        # bucket, take that bucket while their backward pass is armed.
+        self._init_default_group()
+        ddp = self._ddp(module_cls=NetOutOfOrder)
+        everyone = list(range(self.world_size))
+        members, pg = self._split()
+        world_pg = dist.new_group(everyone)
+        ddp._update_process_group(pg)
+        if self.rank in everyone[: self.world_size // 2]:
+            for step in range(2):
+                self._step(ddp, members, step)
+
+        def change(pg):
+            if caller == "training_thread":
+                ddp._update_process_group(pg)
+            else:
+                thread = threading.Thread(target=ddp._update_process_group, args=(pg,))
+                thread.start()
+                thread.join()
+            self.assertIs(ddp.process_group, pg)
+
+        expected = self._reference_grads(ddp.module, everyone, 2, use_fc2=True)
+        ddp.zero_grad(set_to_none=True)
+        out = ddp(_sample(self.rank, 2, self.device))
+        change(world_pg)
+        _loss(out).backward()
+        for (name, p), want in zip(ddp.module.named_parameters(), expected):
+            self.assertEqual(p.grad, want, msg=f"gradient of {name} after the change")
+        ddp.eval()
+        ddp(_sample(self.rank, 3, self.device))
+        ddp.train()
+        change(pg)
+        for step in range(4, 6):
+            self._step(ddp, members, step)
+
+    @parametrize(
+        "failed",
+        ["first_iteration_before_any_hook", "first_iteration", "later_iteration"],
+    )
+    def test_static_graph(self, failed):
+        # The graph of the first iteration is recorded, and the record is used
+        # from the second on: a failure in the first cuts it short, after or
+        # before any parameter's hook fired.
+        self._init_default_group()
+        ddp = self._ddp(static_graph=True)
+        cnt = self._compile_counter()
+        model = torch.compile(ddp, backend=cnt)
+        everyone = list(range(self.world_size))
+        recovery_pg = dist.new_group(everyone)
+        failed_at = 3 if failed == "later_iteration" else 0
+        for step in range(failed_at):
+            self._step(ddp, everyone, step, model=model)
+        if failed == "first_iteration_before_any_hook":
+            # Raised where the module's output gets its gradient, after the
+            # backward of DDP's own node, which queues the delayed allreduce.
+            def fail(grad):
+                raise SimulatedError(f"simulated failure on rank {self.rank}")
+
+            def fail_at_output(module, args, out):
+                out.register_hook(fail)
+
+            handle = ddp.module.register_forward_hook(fail_at_output)
+            with self.assertRaises(SimulatedError):
+                _loss(ddp(_sample(self.rank, failed_at, self.device))).backward()
+            handle.remove()
+        else:
+            self._failed_step(ddp, failed_at, raise_at="fc2", model=model)
+        ddp._update_process_group(recovery_pg)
+        for step in range(failed_at + 1, failed_at + 4):
+            self._step(ddp, everyone, step, model=model)
+        # Dynamo compiles the first iteration of a static graph and the later
+        # ones apart; both have been compiled by now.
+        frames = cnt.frame_count
+        members, pg = self._split()
+        ddp._update_process_group(pg)
+        for step in range(failed_at + 4, failed_at + 7):
+            self._step(ddp, members, step, model=model)
+        self.assertEqual(cnt.frame_count, frames, msg="changing the group recompiled")
+
+    def test_static_graph_change_between_forward_and_backward(self):
+        # The first iteration's backward pass, armed by its forward pass before
+        # the change, records the graph and ends with the delayed allreduce,
+        # over the new group.
+        self._init_default_group()
+        ddp = self._ddp(static_graph=True)
+        members, pg = self._split()
+        expected = self._reference_grads(ddp.module, members, 0, use_fc2=True)
+        out = ddp(_sample(self.rank, 0, self.device))
+        ddp._update_process_group(pg)
+        _loss(out).backward()
+        for (name, p), want in zip(ddp.module.named_parameters(), expected):
+            self.assertEqual(p.grad, want, msg=f"gradient of {name} after the change")
+        for step in range(1, 3):
+            self._step(ddp, members, step)
+
+    @parametrize("comm_hook_type", ["ALLREDUCE", "FP16_COMPRESS"])
+    def test_builtin_comm_hook_follows_group(self, comm_hook_type):
+        self._init_default_group()
+        ddp = self._ddp()
+        ddp._register_builtin_comm_hook(
+            getattr(dist.BuiltinCommHookType, comm_hook_type)
+        )
+        tol = 1e-2 if comm_hook_type == "FP16_COMPRESS" else None
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0, tol=tol)
+        members, pg = self._split()
+        ddp._update_process_group(pg)
+        for step in range(1, 4):
+            self._step(ddp, members, step, tol=tol)
+
+    @parametrize("hook", ["allreduce", "fp16_compress", "fp16_wrapper"])
+    def test_python_comm_hook_on_process_group_follows_group(self, hook):
+        self._init_default_group()
+        ddp = self._ddp()
+        state, fn, tol = {
+            "allreduce": (ddp.process_group, default_hooks.allreduce_hook, None),
+            "fp16_compress": (
+                ddp.process_group,
+                default_hooks.fp16_compress_hook,
+                1e-2,
+            ),
+            "fp16_wrapper": (
+                ddp.process_group,
+                default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook),
+                1e-2,
+            ),
+        }[hook]
+        ddp.register_comm_hook(state, fn)
+        self._step(ddp, list(range(self.world_size)), 0, tol=tol)
+        members, pg = self._split()
+        ddp._update_process_group(pg)
+        for step in range(1, 4):
+            self._step(ddp, members, step, tol=tol)
+
+    def test_comm_hook_on_default_group_stays_there(self):
+        # A state of None is the default group, which the hook allreduces
+        # over whichever group DDP is on.
+        self._init_default_group()
+        ddp = self._ddp()
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        _, pg = self._split()
+        ddp._update_process_group(pg)
+        self.assertIsNone(ddp._registered_comm_hook[0])
+        for step in range(1, 3):
+            self._step(ddp, everyone, step)
+
+    def test_post_local_sgd_state_follows_group(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        state = post_localSGD_hook.PostLocalSGDState(
+            process_group=None, subgroup=None, start_localSGD_iter=100
+        )
+        ddp.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
+        self._step(ddp, list(range(self.world_size)), 0)
+        members, pg = self._split()
+        ddp._update_process_group(pg)
+        new_state = ddp._registered_comm_hook[0]
+        self.assertIs(new_state.process_group, pg)
+        self.assertIsNone(state.process_group, msg="the old state object changed")
+        self.assertEqual(new_state.iter, state.iter)
+        for step in range(1, 4):
+            self._step(ddp, members, step)
+
+    def test_post_local_sgd_subgroup_needs_new_state(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        old_subgroup = dist.new_group(everyone)
+        state = post_localSGD_hook.PostLocalSGDState(
+            process_group=None, subgroup=old_subgroup, start_localSGD_iter=100
+        )
+        ddp.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
+        self._step(ddp, everyone, 0)
+        members, pg = self._split()
+        with self.assertRaises(ValueError) as caught:
+            ddp._update_process_group(pg)
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() cannot move the communication hook \
+post_localSGD_hook: the subgroup of its PostLocalSGDState was made of the old process \
+group's ranks. Pass update_comm_hook_state=fn, where fn(state, new_process_group) \
+returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
+        )
+        self.assertIs(ddp.process_group, dist.group.WORLD)
+        self.assertIs(ddp._registered_comm_hook[0], state)
+        self._step(ddp, everyone, 1)
+
+        def new_state(old, group):
+            return post_localSGD_hook.PostLocalSGDState(
+                process_group=group, subgroup=group, start_localSGD_iter=100
+            )
+
+        ddp._update_process_group(pg, update_comm_hook_state=new_state)
+        for step in range(2, 4):
+            self._step(ddp, members, step)
+
+    def _ddp_with_power_sgd(self, hook=powerSGD_hook.powerSGD_hook):
+        """A DDP module whose PowerSGD hook compresses from its third step on."""
+        self._init_default_group()
+        ddp = self._ddp()
+        state = powerSGD_hook.PowerSGDState(
+            process_group=ddp.process_group,
+            start_powerSGD_iter=2,
+            min_compression_rate=0.1,
+        )
+        ddp.register_comm_hook(state, hook)
+        return ddp, state
+
+    def test_power_sgd_state_follows_group(self):
+        ddp, state = self._ddp_with_power_sgd()
+        everyone = list(range(self.world_size))
+        for step in range(2):
+            self._step(ddp, everyone, step)
+        for step in range(2, 4):
+            ddp.zero_grad(set_to_none=True)
+            _loss(ddp(_sample(self.rank, step, self.device))).backward()
+        self.assertTrue(state.error_dict, msg="PowerSGD never compressed")
+        members, pg = self._split()
+        ddp._update_process_group(pg)
+        state = ddp._registered_comm_hook[0]
+        self.assertIs(state.process_group, pg)
+        # PowerSGD starts over with plain allreduces, which the reference matches.
+        for step in range(4, 6):
+            self._step(ddp, members, step)
+        for step in range(6, 8):
+            ddp.zero_grad(set_to_none=True)
+            _loss(ddp(_sample(self.rank, step, self.device))).backward()
+        self.assertTrue(state.error_dict, msg="PowerSGD did not compress again")
+        grads = torch.cat([p.grad.flatten() for p in ddp.parameters()])
+        gathered = [torch.zeros_like(grads) for _ in members]
+        dist.all_gather(gathered, grads, group=pg)
+        for other in gathered:
+            self.assertEqual(
+                other, grads, msg="members got different compressed gradients"
+            )
+
+    def test_power_sgd_late_callbacks_cannot_reach_new_state(self):
+        # The callbacks of a failed pass hold the state that the hook was given,
+        # and whether they run before or after the change depends on timing.
+        # Here the failed pass's whole PowerSGD work runs after the change, with
+        # that state: every write it makes is late, which is the worst case.
+        deferred = []
+        deferring = False
+
+        def power_sgd_deferred(hook_state, bucket):
+            if not deferring:
+                return powerSGD_hook.powerSGD_hook(hook_state, bucket)
+            deferred.append((hook_state, bucket))
+            return torch.futures.Future()
+
+        ddp, state = self._ddp_with_power_sgd(power_sgd_deferred)
+        everyone = list(range(self.world_size))
+        recovery_pg = dist.new_group(everyone)
+        for step in range(4):
+            ddp.zero_grad(set_to_none=True)
+            _loss(ddp(_sample(self.rank, step, self.device))).backward()
+        self.assertTrue(state.error_dict, msg="PowerSGD never compressed")
+        iterations = state.iter
+        deferring = True
+        self._failed_step(ddp, 4, raise_at="input")
+        deferring = False
+        # The last bucket is the one whose hook increases the state's iter.
+        self.assertTrue(
+            any(bucket.is_last() for _, bucket in deferred),
+            msg="the failed pass did not launch its last bucket",
+        )
+        ddp._update_process_group(recovery_pg)
+        new_state = ddp._registered_comm_hook[0]
+        for hook_state, bucket in deferred:
+            powerSGD_hook.powerSGD_hook(hook_state, bucket).wait()
+        self.assertEqual(
+            (
+                new_state.iter,
+                new_state.error_dict,
+                new_state.p_memory_dict,
+                new_state.q_memory_dict,
+            ),
+            (0, {}, {}, {}),
+            msg="the failed pass's work wrote into the new state",
+        )
+        self.assertEqual(
+            state.iter, iterations + 1, msg="the failed pass's work did not write"
+        )
+        for step in range(5, 7):
+            self._step(ddp, everyone, step)
+
+    def test_ddp_stateful_hooks_are_rearmed(self):
+        # DDP's mixed precision and optimizer-in-backward hooks need CUDA to
+        # run; their states are built by hand here, as a backward pass that
+        # raised leaves them: waiting for a callback that autograd dropped.
+        from torch.distributed.algorithms.ddp_comm_hooks import (
+            mixed_precision_hooks,
+            optimizer_overlap_hooks,
+        )
+
+        self._init_default_group()
+        ddp = self._ddp()
+        _, pg = self._split()
+        upcast_state = mixed_precision_hooks._AllreduceUpcastHookState(
+            ddp_weakref=weakref.ref(ddp),
+            upcast_stream=None,
+            wait_for_stream_enqueued=True,
+        )
+        ddp.register_comm_hook(
+            upcast_state, mixed_precision_hooks._reducer_allreduce_and_upcast_hook
+        )
+        ddp._update_process_group(pg)
+        self.assertFalse(upcast_state.wait_for_stream_enqueued)
+        self.assertIs(ddp._registered_comm_hook[0], upcast_state)
+
+        ddp = self._ddp(process_group=pg)
+        optim_state = optimizer_overlap_hooks._OptimInBackwardHookState(
+            optim_stream=None, wait_for_optim_stream_enqueued=True
+        )
+
+        def apply_optim_in_backward_hook(hook_state, bucket, optim_stream_state):
+            raise AssertionError("not run in this test")
+
+        hook = functools.partial(
+            apply_optim_in_backward_hook, optim_stream_state=optim_state
+        )
+        # As DDP names the hook it registers.
+        hook.__name__ = apply_optim_in_backward_hook.__name__
+        hook.__qualname__ = apply_optim_in_backward_hook.__qualname__
+        ddp.register_comm_hook(weakref.ref(ddp), hook)
+        ddp._update_process_group(dist.new_group(list(range(self.world_size))))
+        self.assertFalse(optim_state.wait_for_optim_stream_enqueued)
+
+    def test_zero_hook_is_refused(self):
+        from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self._init_default_group()
+        ddp = self._ddp()
+        zero = ZeroRedundancyOptimizer(
+            ddp.parameters(),
+            optimizer_class=torch.optim.SGD,
+            overlap_with_ddp=True,
+            lr=0.05,
+        )
+        # The hook is for NCCL only; it is never run here.
+        with mock.patch.object(
+            ddp_zero_hook.dist, "get_backend", return_value=dist.Backend.NCCL
+        ):
+            hook = ddp_zero_hook.hook_with_zero_step(
+                default_hooks.allreduce_hook, ddp, zero
+            )
+        ddp.register_comm_hook(ddp.process_group, hook)
+        _, pg = self._split()
+        with self.assertRaises(ValueError) as caught:
+            ddp._update_process_group(pg)
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() cannot move the communication hook \
+hook_with_zero_step.<locals>.hook_with_zero_fn: its ZeroRedundancyOptimizer keeps its \
+own process group and its partition of the parameters across that group's ranks. \
+Construct DistributedDataParallel and ZeroRedundancyOptimizer on the new process group \
+instead.""",
+        )
+        self.assertIs(ddp.process_group, dist.group.WORLD)
+
+    def test_update_comm_hook_state_without_state_is_refused(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        _, pg = self._split()
+        with self.assertRaises(ValueError) as caught:
+            ddp._update_process_group(pg, update_comm_hook_state=lambda state, new: new)
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() got update_comm_hook_state, but \
+register_comm_hook() registered no hook whose state it could update (a built-in hook \
+moves with the module's process group). Leave update_comm_hook_state out.""",
+        )
+        self.assertIs(ddp.process_group, dist.group.WORLD)
+
+    def test_buffer_comm_hook_follows_group(self):
+        self._init_default_group()
+        ddp = self._ddp(module_cls=NetWithBuffer)
+        ddp._register_buffer_comm_hook(ddp.process_group, lambda state, buffers: [])
+        _, pg = self._split()
+        ddp._update_process_group(pg)
+        self.assertIs(ddp.buffer_hook.buffer_comm_hook_state, pg)
+
+    @parametrize("copy_with", ["deepcopy", "pickle", "averaged_model"])
+    def test_copy_with_comm_hook_on_process_group(self, copy_with):
+        # DDP's pickling drops what holds a process group.
+        self._init_default_group()
+        ddp = self._ddp()
+        ddp.register_comm_hook(ddp.process_group, default_hooks.allreduce_hook)
+        self._step(ddp, list(range(self.world_size)), 0)
+        if copy_with == "deepcopy":
+            copied = copy.deepcopy(ddp)
+        elif copy_with == "pickle":
+            copied = pickle.loads(pickle.dumps(ddp))
+        else:
+            copied = torch.optim.swa_utils.AveragedModel(ddp).module
+        self.assertIsNone(copied._registered_comm_hook)
+        for p, q in zip(ddp.parameters(), copied.parameters()):
+            self.assertEqual(p, q)
+
+    def test_comm_hook_state_without_group_changes_nothing(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        group = ddp.process_group
+
+        class Holder:
+            def __init__(self, group):
+                self.group = group
+
+        def hook(holder, bucket):
+            return default_hooks.allreduce_hook(holder.group, bucket)
+
+        ddp.register_comm_hook(Holder(group), hook)
+        self._step(ddp, everyone, 0)
+        members, pg = self._split()
+        with self.assertRaises(ValueError) as caught:
+            ddp._update_process_group(pg)
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() cannot move the communication hook \
+UpdateProcessGroupTest.test_comm_hook_state_without_group_changes_nothing.<locals>.hook \
+to the new process group: its state, a Holder, is neither this module's process group \
+nor holds it as `process_group`. Pass update_comm_hook_state=fn, where \
+fn(state, new_process_group) returns the state to register the hook again with.""",
+        )
+        self.assertIs(ddp.process_group, group)
+        self._step(ddp, everyone, 1)
+        ddp._update_process_group(
+            pg, update_comm_hook_state=lambda holder, new: Holder(new)
+        )
+        for step in range(2, 4):
+            self._step(ddp, members, step)
+
+    def test_subclass_with_a_comm_hook_of_its_own(self):
+        # A subclass may define and register its own _comm_hook, as torchft's
+        # DistributedDataParallel does: nothing DDP adds may shadow it.
+        class HookedDDP(DistributedDataParallel):
+            def __init__(self, module, **kwargs):
+                super().__init__(module, **kwargs)
+                self.register_comm_hook(self.process_group, self._comm_hook)
+
+            @staticmethod
+            def _comm_hook(state, bucket):
+                return default_hooks.allreduce_hook(state, bucket)
+
+        self._init_default_group()
+        torch.manual_seed(0)
+        ddp = HookedDDP(Net().to(self.device))
+        self.assertIs(ddp._comm_hook, HookedDDP._comm_hook)
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        members, pg = self._split()
+        ddp._update_process_group(pg)
+        self.assertEqual(ddp._registered_comm_hook, (pg, HookedDDP._comm_hook))
+        for step in range(1, 3):
+            self._step(ddp, members, step)
+
+    def test_logging_data_follows_group(self):
+        self._init_default_group()
+        ddp = self._ddp_with_several_buckets()
+        for step in range(2):
+            self._step(ddp, list(range(self.world_size)), step)
+        members, pg = self._split()
+        with mock.patch.dict(os.environ, {"GLOO_DEVICE_TRANSPORT": "TCP"}):
+            ddp._update_process_group(pg)
+        data = ddp._get_ddp_logging_data()
+        buckets = ddp.reducer._get_zeros_like_grad_buckets()
+        self.assertGreater(len(buckets), 1)
+        self.assertEqual(
+            (
+                data["world_size"],
+                data["rank"],
+                data["backend_name"],
+                data["bucket_sizes"],
+            ),
+            (
+                len(members),
+                members.index(self.rank),
+                self.backend,
+                ", ".join(
+                    str(b.buffer().numel() * b.buffer().element_size()) for b in buckets
+                ),
+            ),
+        )
+        if self.backend == "gloo":
+            self.assertEqual(data["gloo_device_transport"], "TCP")
+        self._step(ddp, members, 2)
+
+    def test_sync_batch_norm_follows_group(self):
+        self._init_default_group()
+        own_pg = dist.new_group(list(range(self.world_size)))
+        if self.device.type == "cpu":
+            # DDP refuses SyncBatchNorm on CPU, where it cannot synchronize in
+            # training; in eval mode it does not, which this case does on CPU.
+            with mock.patch.object(
+                DistributedDataParallel, "_passing_sync_batchnorm_handle"
+            ):
+                ddp = self._ddp(module_cls=NetWithSyncBatchNorm)
+            ddp.eval()
+        else:
+            ddp = self._ddp(module_cls=NetWithSyncBatchNorm)
+        ddp.module.bn.process_group = ddp.process_group
+        ddp.module.own_bn.process_group = own_pg
+        members, pg = self._split()
+        ddp._update_process_group(pg)
+        self.assertIs(ddp.module.bn.process_group, pg)
+        self.assertIsNone(
+            ddp.module.default_bn.process_group,
+            msg="a layer on the default group moved",
+        )
+        self.assertIs(
+            ddp.module.own_bn.process_group,
+            own_pg,
+            msg="a layer on its own group moved",
+        )
+        if self.device.type == "cuda":
+            # In training, the batch statistics are those of the members' batches.
+            with torch.no_grad():
+                batches = [
+                    F.relu(ddp.module.fc1(_sample(m, 1, self.device))) for m in members
+                ]
+                expected = 0.1 * torch.cat(batches).mean(0)
+            ddp(_sample(self.rank, 1, self.device))
+            self.assertEqual(ddp.module.bn.running_mean, expected)
+        else:
+            for step in range(1, 3):
+                self._step(ddp, members, step)
+
+    def test_rank_outside_group_is_parked(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        cnt = self._compile_counter()
+        model = torch.compile(ddp, backend=cnt)
+        everyone = list(range(self.world_size))
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        world_pg = dist.new_group(everyone)
+        self._step(ddp, everyone, 0, model=model)
+        frames = cnt.frame_count
+        ddp._update_process_group(first_pg)
+        if self.rank in first:
+            for step in range(1, 3):
+                self._step(ddp, first, step, model=model)
+        else:
+            with self.assertRaises(RuntimeError) as caught:
+                model(_sample(self.rank, 1, self.device))
+            self.assertExpectedInline(
+                str(caught.exception),
+                """\
+DistributedDataParallel cannot run a forward pass on this rank: it is not a member of \
+the process group last passed to _update_process_group(). Pass a process group that \
+contains this rank first.""",
+            )
+        ddp._update_process_group(world_pg)
+        self._sync_params(ddp, src=first[0])
+        for step in range(3, 5):
+            self._step(ddp, everyone, step, model=model)
+        self.assertEqual(cnt.frame_count, frames, msg="parking recompiled")
+
+    def test_failed_rejoin_keeps_the_rank_parked(self):
+        # A rank outside the group rejoins, and the collective of the call
+        # fails on every rank: the rank stays parked.
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        ddp._update_process_group(first_pg)
+        new = self._held_group()
+        new.fail_allgather = 1
+        with self.assertRaisesRegex(RuntimeError, "simulated failed collective"):
+            ddp._update_process_group(new)
+        if self.rank in first:
+            self.assertIs(ddp.process_group, first_pg)
+            self._step(ddp, first, 0)
+        else:
+            with self.assertRaisesRegex(
+                RuntimeError, "not a member of the process group"
+            ):
+                ddp(_sample(self.rank, 0, self.device))
+
+    def test_failed_sync_module_states_can_be_repeated(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        world_pg = dist.new_group(everyone)
+        torch.manual_seed(self.rank)
+        for p in ddp.module.parameters():
+            p.data.normal_()
+        with mock.patch(
+            "torch.nn.parallel.distributed._sync_module_states",
+            side_effect=RuntimeError("a rank of the new group failed"),
+        ):
+            with self.assertRaisesRegex(RuntimeError, "a rank of the new group failed"):
+                ddp._update_process_group(world_pg, sync_module_states=True)
+        self.assertIs(ddp.process_group, world_pg)
+        ddp._update_process_group(world_pg, sync_module_states=True)
+        self._assert_identical(ddp.parameters(), world_pg, everyone)
+        for step in range(2):
+            self._step(ddp, everyone, step)
+
+    def test_sync_module_states_for_joining_ranks(self):
+        self._init_default_group()
+        ddp = self._ddp(module_cls=NetWithBuffer)
+        everyone = list(range(self.world_size))
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        world_pg = dist.new_group(everyone)
+        optimizer = torch.optim.Adam(ddp.parameters(), lr=0.05)
+        ddp._update_process_group(first_pg)
+        if self.rank in first:
+            for step in range(3):
+                self._step(ddp, first, step, optimizer=optimizer)
+        else:
+            # A process that arrives now: fresh weights, buffers and optimizer.
+            torch.manual_seed(100 + self.rank)
+            ddp.module.load_state_dict(NetWithBuffer().to(self.device).state_dict())
+            ddp.module.last_mean.fill_(float(self.rank))
+            optimizer = torch.optim.Adam(ddp.parameters(), lr=0.05)
+        with self.assertRaises(ValueError) as caught:
+            ddp._update_process_group(
+                world_pg, sync_module_states=True, src=self.world_size
+            )
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() got src=4, which is not a rank of \
+the new process group: it has ranks 0 to 3.""",
+        )
+        ddp._update_process_group(world_pg, sync_module_states=True, src=first[0])
+        self._assert_identical(ddp.module.state_dict().values(), world_pg, everyone)
+        # The optimizer's state is the caller's to bring over.
+        state = [optimizer.state_dict()]
+        dist.broadcast_object_list(state, src=first[0], group=world_pg)
+        optimizer.load_state_dict(state[0])
+        for step in range(3, 6):
+            self._step(ddp, everyone, step, optimizer=optimizer)
+            self._assert_identical(ddp.parameters(), world_pg, everyone)
+
+    @parametrize("delayed", ["some", "all"])
+    def test_delayed_allreduce_is_refused(self, delayed):
+        self._init_default_group()
+        torch.manual_seed(0)
+        module = Net().to(self.device)
+        if delayed == "all":
+            # Without any other parameter that needs a gradient, DDP builds no reducer.
+            module.frozen = nn.Parameter(
+                torch.zeros(1, device=self.device), requires_grad=False
+            )
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if delayed == "some":
+            # fc3's gradients come first, fc1.weight's, which fire the hook, last.
+            named = [(n, p) for n, p in named if n.startswith("fc3.")]
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        ddp = DistributedDataParallel(
+            module,
+            device_ids=device_ids,
+            delay_all_reduce_named_params=named,
+            param_to_hook_all_reduce=module.fc1.weight,
+        )
+        self.assertEqual(ddp._delay_all_reduce_all_params, delayed == "all")
+        everyone = list(range(self.world_size))
+        members, pg = self._split()
+        with self.assertRaises(RuntimeError) as caught:
+            ddp._update_process_group(pg)
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() does not support parameters whose \
+allreduce is delayed (delay_all_reduce_named_params): DDP launches that allreduce \
+outside the reducer and never waits for it, so after a failed backward pass it could \
+still be writing into their gradient buffer. Construct DistributedDataParallel on the \
+new process group instead.""",
+        )
+        self.assertIs(ddp.process_group, dist.group.WORLD)
+        if delayed == "all":
+            # DDP cannot run the forward pass of such a module at all: its
+            # constructor returns before it sets _lazy_init_ran.
+            return
+        # The delayed allreduce is asynchronous, and nothing waits for it but
+        # the CUDA stream; a barrier on Gloo waits for the work before it.
+        for step in range(1, 3):
+            expected = self._reference_grads(module, everyone, step, use_fc2=True)
+            ddp.zero_grad(set_to_none=True)
+            _loss(ddp(_sample(self.rank, step, self.device))).backward()
+            dist.barrier()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            for (name, p), want in zip(module.named_parameters(), expected):
+                if p.requires_grad:
+                    self.assertEqual(
+                        p.grad, want, msg=f"gradient of {name} at step {step}"
+                    )
+
+    @parametrize("caller", ["autograd_hook", "comm_hook"])
+    def test_call_during_backward_changes_nothing(self, caller):
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        group = ddp.process_group
+        members, pg = self._split()
+        errors = []
+
+        def try_update():
+            try:
+                ddp._update_process_group(pg)
+            except RuntimeError as e:
+                errors.append(str(e))
+
+        if caller == "comm_hook":
+
+            def hook(state, bucket):
+                if not errors:
+                    try_update()
+                return default_hooks.allreduce_hook(state, bucket)
+
+            ddp.register_comm_hook(group, hook)
+            handle = None
+        else:
+            handle = ddp.module.fc2.weight.register_hook(lambda grad: try_update())
+        self._step(ddp, everyone, 0)
+        if handle is not None:
+            handle.remove()
+        self.assertEqual(len(errors), 1)
+        self.assertExpectedInline(
+            errors[0],
+            """\
+DistributedDataParallel._update_process_group() cannot be called during a backward \
+pass, for example from an autograd or communication hook: the reducer is in use. \
+Call it between iterations, or once an exception raised in a backward pass has \
+reached the caller.""",
+        )
+        self.assertIs(ddp.process_group, group)
+        for step in range(1, 3):
+            self._step(ddp, everyone, step)
+        ddp._update_process_group(pg)
+        self._step(ddp, members, 3)
+
+    def test_backward_of_other_graph_in_other_thread_is_no_obstacle(self):
+        # A thread that computes gradients of its own, such as for metrics, is
+        # not a backward pass of this module.
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        members, pg = self._split()
+        self._step(ddp, everyone, 0)
+        in_backward, release = threading.Event(), threading.Event()
+
+        def hold(grad):
+            in_backward.set()
+            release.wait()
+            return grad
+
+        def metrics():
+            x = torch.ones(2, requires_grad=True)
+            y = x.clone()
+            y.register_hook(hold)
+            torch.autograd.grad(y.sum(), x)
+
+        thread = threading.Thread(target=metrics)
+        thread.start()
+        in_backward.wait()
+        try:
+            ddp._update_process_group(pg)
+        finally:
+            release.set()
+            thread.join()
+        self.assertIs(ddp.process_group, pg)
+        for step in range(1, 3):
+            self._step(ddp, members, step)
+
+    def test_call_inside_no_sync_changes_nothing(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        group = ddp.process_group
+        members, pg = self._split()
+        self._step(ddp, everyone, 0)
+        with ddp.no_sync():
+            with self.assertRaises(RuntimeError) as caught:
+                ddp._update_process_group(pg)
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() cannot be called inside no_sync(): \
+the gradients accumulated there are to be reduced over the group they were \
+accumulated for. Call it after the iteration that leaves no_sync() has synchronized \
+them.""",
+        )
+        self.assertIs(ddp.process_group, group)
+        for step in range(1, 3):
+            self._step(ddp, everyone, step)
+        ddp._update_process_group(pg)
+        self._step(ddp, members, 3)
+
+    def test_join_uneven_inputs_after_change(self):
+        self._init_default_group()
+        ddp = self._ddp()
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        self._step(ddp, list(range(self.world_size)), 0, optimizer=optimizer)
+        members, pg = self._split()
+        ddp._update_process_group(pg)
+        # The first member has one batch more than the others, who join early.
+        last_step = 3 if self.rank == members[0] else 2
+        with ddp.join():
+            for step in range(1, last_step + 1):
+                active = members if step < 3 else members[:1]
+                # Joined ranks contribute zeros; the sum is divided by the
+                # number of members, the group's size.
+                expected = [
+                    g * len(active) / len(members)
+                    for g in self._reference_grads(
+                        ddp.module, active, step, use_fc2=True
+                    )
+                ]
+                optimizer.zero_grad(set_to_none=True)
+                _loss(ddp(_sample(self.rank, step, self.device))).backward()
+                for (name, p), want in zip(ddp.module.named_parameters(), expected):
+                    self.assertEqual(
+                        p.grad, want, msg=f"gradient of {name} at step {step}"
+                    )
+                optimizer.step()
+        self._step(ddp, members, 4)
+
+
+@instantiate_parametrized_tests
+class UpdateProcessGroupCudaTest:
+    """Cases that only CUDA parameters can run, added to the shared ones.
+
+    They run on one GPU: the Gloo-on-CUDA class puts every rank on the same
+    device, and the NCCL groups here hold one rank each.
+    """
+
+    def _nccl_groups_of_one(self, count, **kwargs):
+        """Returns ``count`` NCCL groups that hold this rank alone.
+
+        Every rank creates every rank's groups, as ``new_group()`` requires,
+        with ``kwargs``.
+        """
+        mine = []
+        for _ in range(count):
+            groups = [
+                dist.new_group([rank], backend="nccl", **kwargs)
+                for rank in range(self.world_size)
+            ]
+            mine.append(groups[self.rank])
+        return mine
+
+    @requires_nccl()
+    def test_switch_between_nccl_groups_of_one(self):
+        self._init_default_group()
+        first, second = self._nccl_groups_of_one(2)
+        everyone = list(range(self.world_size))
+        world_pg = dist.new_group(everyone)
+        alone = [self.rank]
+        ddp = self._ddp(process_group=first)
+        cnt = self._compile_counter()
+        model = torch.compile(ddp, backend=cnt)
+        self._step(ddp, alone, 0, model=model)
+        frames = cnt.frame_count
+        changes = [(second, alone), (world_pg, everyone), (first, alone)]
+        for step, (pg, members) in enumerate(changes, 1):
+            ddp._update_process_group(pg)
+            self.assertIs(ddp.process_group, pg)
+            self._step(ddp, members, step, model=model)
+        self.assertEqual(cnt.frame_count, frames, msg="changing the group recompiled")
+
+    @requires_nccl()
+    @parametrize("raise_at", ["input", "fc2"])
+    def test_recover_on_nccl_groups_of_one(self, raise_at):
+        self._init_default_group()
+        first, second = self._nccl_groups_of_one(2)
+        alone = [self.rank]
+        ddp = self._ddp(process_group=first)
+        self._step(ddp, alone, 0)
+        self._failed_step(ddp, 1, raise_at=raise_at)
+        ddp._update_process_group(second)
+        for step in range(2, 4):
+            self._step(ddp, alone, step)
+
+    @requires_nccl()
+    def test_cpu_module_refuses_nccl_group(self):
+        # The call's first collective fails on every rank, as NCCL has no
+        # backend for CPU tensors, before anything changes.
+        self._init_default_group()
+        (nccl_pg,) = self._nccl_groups_of_one(1)
+        everyone = list(range(self.world_size))
+        gloo_pg = dist.new_group(everyone, backend="gloo")
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(Net(), process_group=gloo_pg)
+        with self.assertRaisesRegex(
+            RuntimeError, "No backend type associated with device type cpu"
+        ):
+            ddp._update_process_group(nccl_pg)
+        self.assertIs(ddp.process_group, gloo_pg)
+        _loss(ddp(_sample(self.rank, 0, "cpu"))).backward()
+        # Each rank had its own batch: only a reduction makes them agree.
+        self._assert_identical([p.grad for p in ddp.parameters()], gloo_pg, everyone)
+
+    @requires_nccl()
+    def test_sync_batch_norm_statistics_follow_group(self):
+        # SyncBatchNorm synchronizes only in training, and only on CUDA: the
+        # running mean after one training step is that of the batches of the
+        # members of the layer's group, which follows DDP's.
+        self._init_default_group()
+        (alone_pg,) = self._nccl_groups_of_one(1)
+        everyone = list(range(self.world_size))
+        world_pg = dist.new_group(everyone)
+        ddp = self._ddp(module_cls=NetWithSyncBatchNorm, process_group=alone_pg)
+        ddp.module.bn.process_group = alone_pg
+        changes = [
+            (alone_pg, [self.rank]),
+            (world_pg, everyone),
+            (alone_pg, [self.rank]),
+        ]
+        for step, (pg, members) in enumerate(changes):
+            ddp._update_process_group(pg)
+            self.assertIs(ddp.module.bn.process_group, pg)
+            ddp.module.bn.reset_running_stats()
+            with torch.no_grad():
+                batches = [
+                    F.relu(ddp.module.fc1(_sample(m, step, self.device)))
+                    for m in members
+                ]
+                expected = 0.1 * torch.cat(batches).mean(0)
+            _loss(ddp(_sample(self.rank, step, self.device))).backward()
+            self.assertEqual(
+                ddp.module.bn.running_mean,
+                expected,
+                msg=f"step {step}: not the statistics of members {members}",
+            )
+
+    @requires_nccl()
+    def test_recover_after_aborting_the_old_nccl_group(self):
+        # What the docstring tells a rank that recovers on NCCL to do. The
+        # last rank leaves the old group without a word, as a rank that died
+        # does: the others' backward pass returns, but its allreduce waits for
+        # that rank on the NCCL stream, which an event recorded after the pass
+        # shows. They abort the old group, with the watchdog's error handling
+        # off, and train on in a new group of their own, past the old group's
+        # timeout.
+        if self.backend != "nccl":
+            self.skipTest("needs a GPU per rank, and NCCL on each")
+        old_timeout_s = 5.0
+        error_handling_off = {
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+        }
+        self._init_default_group()
+        everyone = list(range(self.world_size))
+        survivors = everyone[:-1]
+        with mock.patch.dict(os.environ, error_handling_off):
+            old_pg = dist.new_group(everyone, timeout=timedelta(seconds=old_timeout_s))
+        survivors_pg = dist.new_group(survivors)
+        ddp = self._ddp(process_group=old_pg)
+        self._step(ddp, everyone, 0)
+        if self.rank not in survivors:
+            return
+        _loss(ddp(_sample(self.rank, 1, self.device))).backward()
+        done = torch.cuda.Event()
+        done.record()
+        # Not a race: nothing completes the allreduce but the abort. The
+        # deadline is the detection the docstring describes.
+        deadline = time.monotonic() + old_timeout_s / 2
+        while time.monotonic() < deadline and not done.query():
+            time.sleep(0.05)
+        self.assertFalse(done.query(), msg="the allreduce without its peer completed")
+        failed_at = time.monotonic()
+        dist.distributed_c10d._abort_process_group(old_pg)
+        ddp._update_process_group(survivors_pg)
+        for step in range(2, 4):
+            self._step(ddp, survivors, step)
+        time.sleep(max(0.0, failed_at + old_timeout_s + 4.0 - time.monotonic()))
+        for step in range(4, 6):
+            self._step(ddp, survivors, step)
+
+
+@requires_gloo()
+class UpdateProcessGroupGlooTest(UpdateProcessGroupTest, MultiProcessTestCase):
+    backend = "gloo"
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+
+@requires_gloo()
+@skip_but_pass_in_sandcastle_if(
+    not torch.cuda.is_available(), "Gloo on CUDA: needs a GPU"
+)
+class UpdateProcessGroupGlooCudaTest(
+    UpdateProcessGroupCudaTest, UpdateProcessGroupTest, MultiProcessTestCase
+):
+    """Gloo reduces CUDA tensors: every rank's parameters on the same GPU."""
+
+    backend = "gloo"
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+@requires_nccl()
+@skip_but_pass_in_sandcastle_if(
+    torch.cuda.device_count() < 2, "NCCL: needs at least 2 GPUs"
+)
+class UpdateProcessGroupNcclTest(
+    UpdateProcessGroupCudaTest, UpdateProcessGroupTest, MultiProcessTestCase
+):
+    backend = "nccl"
+
+    @property
+    def world_size(self):
+        return min(4, torch.cuda.device_count())
+
+    @property
+    def device(self):
+        return torch.device("cuda", self.rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Change:
+    """One change of a plan: which ranks train next, and what happens to them.
+
+    ``reinit`` tears the default group down and sets it up again with
+    ``members`` in that order, which renumbers them; otherwise ``members`` get
+    a new group of the current default group.
+    """
+
+    reinit: bool
+    members: Tuple[int, ...]
+    use_fc2: bool
+    error_in_backward: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    find_unused_parameters: bool
+    changes: Tuple[_Change, ...]
+
+
+@st.composite
+def _plans(draw, world_size=4, max_changes=4):
+    find_unused_parameters = draw(st.booleans())
+    world: List[int] = list(range(world_size))
+    changes = []
+    for _ in range(draw(st.integers(1, max_changes))):
+        reinit = draw(st.booleans())
+        if reinit:
+            order = draw(st.permutations(range(world_size)))
+            members = tuple(order[: draw(st.integers(1, world_size))])
+            world = list(members)
+        else:
+            members = tuple(sorted(draw(st.sets(st.sampled_from(world), min_size=1))))
+        use_fc2 = draw(st.booleans()) if find_unused_parameters else True
+        changes.append(_Change(reinit, members, use_fc2, draw(st.booleans())))
+    return _Plan(find_unused_parameters, tuple(changes))
+
+
+def _run_plan(rank, plan, store_dir):
+    """Runs ``plan`` as original rank ``rank``, checking every step against the reference."""
+    # The Gloo case class brings the reference checks; it is not run as a test here.
+    case = UpdateProcessGroupGlooTest("test_shrink_switch_expand")
+    case.rank = rank
+    world = list(range(case.world_size))
+    case._init_default_group(file_name=os.path.join(store_dir, "init"))
+    ddp = case._ddp(find_unused_parameters=plan.find_unused_parameters)
+    cnt = case._compile_counter()
+    model = torch.compile(ddp, backend=cnt)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+
+    def new_group(members):
+        # Called on every rank of the current default group, in plan order.
+        if rank not in world:
+            return dist.GroupMember.NON_GROUP_MEMBER
+        return dist.new_group(sorted(world.index(m) for m in members))
+
+    # Compile every variant of the forward pass that the plan runs: with and
+    # without fc2, and with an input that requires grad, as a failing step's.
+    case._step(ddp, world, 0, model=model, optimizer=optimizer)
+    if plan.find_unused_parameters:
+        case._step(ddp, world, 1, use_fc2=False, model=model, optimizer=optimizer)
+    case._failed_step(ddp, 2, model=model)
+    ddp._update_process_group(new_group(world))
+    frames = cnt.frame_count
+    step = 3
+    for index, change in enumerate(plan.changes):
+        if change.reinit:
+            if rank in world:
+                dist.destroy_process_group()
+            world = list(change.members)
+            group = dist.GroupMember.NON_GROUP_MEMBER
+            if rank in world:
+                case._init_default_group(
+                    world_size=len(world),
+                    rank=world.index(rank),
+                    file_name=os.path.join(store_dir, f"reinit{index}"),
+                )
+                group = dist.group.WORLD
+        else:
+            group = new_group(change.members)
+        # Ranks that come back have not trained meanwhile.
+        ddp._update_process_group(group, sync_module_states=rank in change.members)
+        members = list(change.members)
+        if rank in members:
+            case._step(
+                ddp, members, step, change.use_fc2, model=model, optimizer=optimizer
+            )
+        step += 1
+        if change.error_in_backward:
+            if rank in members:
+                case._failed_step(ddp, step, model=model)
+            recovery = (
+                new_group(members)
+                if rank in world
+                else dist.GroupMember.NON_GROUP_MEMBER
+            )
+            ddp._update_process_group(recovery)
+            if rank in members:
+                case._step(
+                    ddp,
+                    members,
+                    step + 1,
+                    change.use_fc2,
+                    model=model,
+                    optimizer=optimizer,
+                )
+            step += 2
+        case.assertEqual(cnt.frame_count, frames, msg=f"change {index} recompiled")
+
+
+@requires_gloo()
+class UpdateProcessGroupGlooPropertyTest(TestCase):
+    """Random sequences of group changes, drawn here and run by 4 spawned ranks."""
+
+    # Each example spawns the ranks, a few seconds; DDP_UPDATE_PG_EXAMPLES asks for more.
+    @hypothesis.settings(
+        max_examples=int(os.environ.get("DDP_UPDATE_PG_EXAMPLES", "4")),
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=(hypothesis.Phase.explicit, hypothesis.Phase.generate),
+    )
+    @hypothesis.given(plan=_plans())
+    def test_random_group_changes(self, plan):
+        timeout_s = 240
+        with tempfile.TemporaryDirectory() as store_dir:
+            context = torch.multiprocessing.start_processes(
+                _run_plan,
+                args=(plan, store_dir),
+                nprocs=4,
+                join=False,
+                start_method="spawn",
+            )
+            deadline = time.monotonic() + timeout_s
+            while not context.join(timeout=1):
+                if time.monotonic() > deadline:
+                    for process in context.processes:
+                        process.kill()
+                    self.fail(f"the ranks did not finish {plan} in {timeout_s} s")
+
+
+if __name__ == "__main__":
+    run_tests()
