@@ -13,14 +13,20 @@ def main(argv=None) -> int:
     parser.add_argument("action", choices=("install", "status", "uninstall"))
     parser.add_argument("--repo", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[1])
     parser.add_argument("--base", choices=tuple(bases.BASES), default=bases.DEFAULT)
+    parser.add_argument(
+        "--fixes-only",
+        action="store_true",
+        help="carry only the patches of the series that fix bugs (it starts with them), also onto the "
+        "other releases whose files they apply to (install and status)",
+    )
     args = parser.parse_args(argv)
     base = bases.get(args.base)
     try:
         torch = overlay.Torch.find()
         if args.action == "install":
-            overlay.install(args.repo, torch, base)
+            overlay.install(args.repo, torch, base, fixes_only=args.fixes_only)
         elif args.action == "status":
-            return overlay.status(args.repo, torch, base)
+            return overlay.status(args.repo, torch, base, fixes_only=args.fixes_only)
         else:
             overlay.uninstall(torch)
     except (overlay.OverlayError, SeriesError) as e:

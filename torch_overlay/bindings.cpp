@@ -4,11 +4,14 @@
 // registered. The extension shares torch's pybind11 type registry, so Reducer,
 // Logger and ProcessGroup arguments convert exactly as they do in init.cpp.
 //
-// Invariant (checked by test/scripts/test_overlay.py): the py::name()s here are
-// the names that the init.cpp hunks bind and the bindings of the functions the
-// series changes (series.ReplacedFunction.binding), no more and no fewer. On
-// v2.1.2 all of them are new; on v2.11.0, _reset_state and
+// Invariant (checked by the series linter): the py::name()s here are the names
+// that the init.cpp hunks of the whole series bind and the bindings of the
+// functions the series changes (series.ReplacedFunction.binding), no more and
+// no fewer. On v2.1.2 all of them are new; on v2.14.1, _reset_state and
 // _update_process_group replace the wheel's bindings of the old functions.
+// Each is compiled where the series at hand makes it, which overlay_renames.h
+// says with a TORCH_OVERLAY_BIND_<NAME> macro: a series cut short, such as a
+// commit of the stack, binds only what it has.
 
 // Not in clang-format's order: overlay_renames.h comes before reducer.hpp, so
 // that a function of libtorch that the series changes is bound under its
@@ -23,27 +26,35 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module c10d = py::module::import("torch._C._distributed_c10d");
   py::object reducer = c10d.attr("Reducer");
+#ifdef TORCH_OVERLAY_BIND_RESET_STATE
   reducer.attr("_reset_state") = py::cpp_function(
       &::c10d::Reducer::reset_state,
       py::name("_reset_state"),
       py::is_method(reducer),
       py::call_guard<py::gil_scoped_release>());
+#endif
+#ifdef TORCH_OVERLAY_BIND_UPDATE_PROCESS_GROUP
   reducer.attr("_update_process_group") = py::cpp_function(
       &::c10d::Reducer::update_process_group,
       py::name("_update_process_group"),
       py::is_method(reducer),
       py::arg("new_process_group"),
       py::call_guard<py::gil_scoped_release>());
+#endif
+#ifdef TORCH_OVERLAY_BIND_REMOVE_COMM_HOOK
   reducer.attr("_remove_comm_hook") = py::cpp_function(
       &::c10d::Reducer::remove_comm_hook,
       py::name("_remove_comm_hook"),
       py::is_method(reducer),
       py::call_guard<py::gil_scoped_release>());
+#endif
 
   py::object logger = c10d.attr("Logger");
+#ifdef TORCH_OVERLAY_BIND_SET_PROCESS_GROUP_DATA
   logger.attr("_set_process_group_data") = py::cpp_function(
       &::c10d::Logger::set_process_group_data,
       py::name("_set_process_group_data"),
       py::is_method(logger),
       py::call_guard<py::gil_scoped_release>());
+#endif
 }

@@ -20,9 +20,12 @@ the functions the series changes are only taken by address in the bindings.
 A function with no call site at all is reported too: then its binding, at
 least, calls it in a way this check cannot see.
 
-A call site is the binding when it lies in a pybind11 dispatcher
-(``pybind11::cpp_function::initialize<...>``) of a lambda of ``c10d_init``,
-the function of init.cpp that binds ``torch._C._distributed_c10d``.
+A call site is the binding when it lies in a pybind11 dispatcher of a lambda
+of ``c10d_init``, the function of init.cpp that binds
+``torch._C._distributed_c10d``, whose first parameter is the ``c10d::Reducer``
+it binds a method of: ``pybind11::cpp_function::initialize<...>`` (the
+pybind11 of torch 2.11), or the ``pybind11::detail::function_ref<...>``
+callback that a newer pybind11 calls the lambda through (torch 2.14).
 """
 
 import dataclasses
@@ -33,7 +36,10 @@ import subprocess
 from typing import Dict, List, Sequence, Tuple
 
 TOOLS = ("nm", "readelf", "objdump", "c++filt")
-BINDING = re.compile(r"^pybind11::cpp_function::initialize<.*\bc10d_init\(")
+BINDING = re.compile(
+    r"^(?:void )?pybind11::(?:cpp_function::initialize<|detail::function_ref<)"
+    r".*\bc10d_init\(_object\*, _object\*\)::\{lambda\(c10d::Reducer&"
+)
 _FUNCTION_LABEL = re.compile(r"^[0-9a-f]+ <(?P<symbol>[^>]+)>:$")
 
 

@@ -4,7 +4,7 @@
 //
 // The wheel does not ship reducer.cpp, so what the additions use from its
 // anonymous namespace is declared here, with the value it has in v2.1.2 and
-// v2.11.0.
+// v2.14.1.
 
 #pragma once
 

@@ -10,7 +10,7 @@ C++ sources. Every file in the series falls into exactly one of these roles:
   only add to them: a hunk may change lines that an earlier patch added, but
   no line of the base file. The lines the series adds are compiled into an
   extension against the wheel's headers. On a base whose libtorch already has
-  the functions the series changes (v2.11.0), a hunk may also change a
+  the functions the series changes (v2.14.1), a hunk may also change a
   function of the base file, provided it shows the whole function (the
   series is made with ``git format-patch --function-context``): the overlay
   then compiles the patched definition under another symbol and binds it in
@@ -314,7 +314,9 @@ def _bound_methods(patched_file: unidiff.PatchedFile) -> List[str]:
     return names
 
 
-def read_series(patches_dir: pathlib.Path, site_packages: pathlib.Path, replaceable: bool = False) -> Series:
+def read_series(
+    patches_dir: pathlib.Path, site_packages: pathlib.Path, replaceable: bool = False, count: Optional[int] = None
+) -> Series:
     """Parse the series and sort its files into the overlay's roles.
 
     Args:
@@ -322,13 +324,14 @@ def read_series(patches_dir: pathlib.Path, site_packages: pathlib.Path, replacea
         site_packages: the wheel's site-packages, to tell which files it ships.
         replaceable: whether the series may change functions of the compiled
             files' base (see :class:`ReplacedFunction`).
+        count: read only the first ``count`` patches, a series cut short.
 
     Raises:
         SeriesError: a file of the series fits no role, or a hunk of a file
             the wheel does not ship removes a line of the base file, other than
             in a function it shows whole where ``replaceable``.
     """
-    patches = patch_files(patches_dir)
+    patches = patch_files(patches_dir)[:count]
     applied: List[str] = []
     known: Dict[str, Dict[int, _KnownLine]] = {path: {} for path in SOURCE_ONLY}
     changed: Dict[str, Set[str]] = {path: set() for path in SOURCE_ONLY}

@@ -59,12 +59,12 @@ class FakeBuild:
         self.calls = 0
         self.error = error
 
-    def __call__(self, build_dir, include, patches):
+    def __call__(self, include, patches):
         self.calls += 1
         assert (include / "torch/csrc/distributed/c10d/reducer.hpp").is_file()
         if self.error:
             raise self.error
-        built = build_dir / "_C.cpython-311-x86_64-linux-gnu.so"
+        built = include.parent / "_C.cpython-311-x86_64-linux-gnu.so"
         built.write_bytes(b"placeholder")
         return built
 
@@ -141,7 +141,7 @@ def test_additions_source_points_into_reducer_cpp(site):
     assert re.search(r'#line \d+ "torch/csrc/distributed/c10d/reducer.cpp"', source)
 
 
-# A series on a base whose libtorch has the functions it changes (v2.11.0)
+# A series on a base whose libtorch has the functions it changes (v2.14.1)
 
 BASE_CPP = "".join(f"int base_{n};\n" for n in range(1, 11)) + (
     "void Reducer::f(\n    int a) {\n  old_a();\n  old_b();\n  old_c();\n  old_d();\n  old_e();\n}\n"
@@ -175,8 +175,8 @@ def test_changed_function_is_refused_on_an_additive_base(tmp_path, site):
         series.read_series(patches, site)
 
 
-def test_v2_11_series_roles(tmp_path):
-    # The files the v2.11.0 wheel ships, as placeholders: roles depend only on which exist.
+def test_v2_14_series_roles(tmp_path):
+    # The files the v2.14.1 wheel ships, as placeholders: roles depend only on which exist.
     site = tmp_path / "site-packages"
     for path in ("torch/nn/parallel/distributed.py", "torch/_C/_distributed_c10d.pyi",
                  "torch/testing/_internal/distributed/distributed_test.py"):
@@ -185,12 +185,34 @@ def test_v2_11_series_roles(tmp_path):
     for header in ("reducer.hpp", "logger.hpp"):
         (site / "torch/include/torch/csrc/distributed/c10d" / header).parent.mkdir(parents=True, exist_ok=True)
         (site / "torch/include/torch/csrc/distributed/c10d" / header).write_text("")
-    s = series.read_series(bases.get("v2.11.0").patches(REPO), site, replaceable=True)
+    upstream = bases.get("v2.14.1")
+    s = series.read_series(upstream.patches(REPO), site, replaceable=True)
     assert [r.name for r in s.replaced] == ["Reducer::update_process_group", "Reducer::reset_state"]
     assert s.replaced[1].text.startswith("bool Reducer::reset_state() {")
     assert sorted(s.bound_methods) == ["_remove_comm_hook", "_set_process_group_data"]
     assert "void Reducer::sync_bucket_assignment(" in "".join(f.text for f in s.fragments)
     assert "torch/testing/_internal/distributed/distributed_test.py" in s.applied
+    # Its fixes alone: the first patches, which change the two functions and bind nothing new.
+    fixes = series.read_series(upstream.patches(REPO), site, replaceable=True, count=upstream.fixes)
+    assert [p.name[:4] for p in fixes.patches] == ["0001", "0002", "0003", "0004", "0005"]
+    assert [r.name for r in fixes.replaced] == ["Reducer::update_process_group", "Reducer::reset_state"]
+    assert fixes.replaced[1].text.startswith("void Reducer::reset_state() {")
+    assert fixes.bound_methods == []
+
+
+@pytest.mark.parametrize(
+    "version, message",
+    [("2.14.1", None), ("2.11.0+cu130", None), ("2.13.0", "apply to torch 2.14.x, 2.11.x, not to torch 2.13.0")],
+)
+def test_the_fixes_alone_go_onto_more_releases(version, message):
+    upstream = bases.get("v2.14.1")
+    if message is None:
+        upstream.check_fixes(version)
+    else:
+        with pytest.raises(bases.UnsupportedTorch, match=message):
+            upstream.check_fixes(version)
+    with pytest.raises(bases.UnsupportedTorch, match="marks no patches as fixes"):
+        bases.get("v2.1.2").check_fixes("2.1.2")
 
 
 def test_renames_reach_only_the_replaced_functions(tmp_path, site):
@@ -201,9 +223,31 @@ def test_renames_reach_only_the_replaced_functions(tmp_path, site):
         (include / "torch/csrc/distributed/c10d" / header).write_text(includes + "class X {};\n")
     patches = make_patch(tmp_path, series.REDUCER_CPP, BASE_CPP, CHANGED_CPP, extra=["--function-context"])
     header = overlay.renames_source(series.read_series(patches, site, replaceable=True), include)
-    # What the two headers include comes before the rename, and not the headers themselves.
-    assert header.splitlines()[-3:] == ["#include <mutex>", "#include <c10/core/ScalarType.h>", "#define f _overlay_replaced_f"]
-    assert "#define" not in overlay.renames_source(series.read_series(PATCHES, site), include)
+    # What the two headers include comes before the rename, and not the headers themselves;
+    # then the binding of the replaced function is switched on.
+    assert header.splitlines()[-4:] == [
+        "#include <mutex>",
+        "#include <c10/core/ScalarType.h>",
+        "#define f _overlay_replaced_f",
+        "#define TORCH_OVERLAY_BIND_F",
+    ]
+    # The v2.1.2 series renames nothing, and switches on the bindings its init.cpp hunks add.
+    defines = [line for line in overlay.renames_source(series.read_series(PATCHES, site), include).splitlines() if "#define" in line]
+    assert defines == [
+        "#define TORCH_OVERLAY_BIND_REMOVE_COMM_HOOK",
+        "#define TORCH_OVERLAY_BIND_RESET_STATE",
+        "#define TORCH_OVERLAY_BIND_SET_PROCESS_GROUP_DATA",
+        "#define TORCH_OVERLAY_BIND_UPDATE_PROCESS_GROUP",
+    ]
+
+
+def test_every_binding_is_switched_by_its_macro():
+    text = (REPO / "torch_overlay" / "bindings.cpp").read_text()
+    for block in text.split("#ifdef ")[1:]:
+        macro, body = block.split("\n", 1)
+        names = re.findall(r'py::name\("(\w+)"\)', body.split("#endif", 1)[0])
+        assert [overlay.binding_macro(n) for n in names] == [macro]
+    assert len(re.findall(r"py::name\(\"", text)) == text.count("#ifdef ")
 
 
 def fake_binutils(tmp_path, monkeypatch, call_from):
@@ -242,6 +286,16 @@ def test_a_function_only_its_binding_calls_can_be_replaced(tmp_path, monkeypatch
         "(_object*, _object*)::{lambda(c10d::Reducer&)#5}, void, c10d::Reducer&>"
     )
     assert callers.CallSite("libtorch_python.so", dispatcher).is_binding
+    # And of the callback that calls it, as in the torch 2.14.1 wheel.
+    callback = (
+        "void pybind11::detail::function_ref<void (c10d::Reducer&)>::callback_fn<torch::distributed::"
+        "c10d::(anonymous namespace)::c10d_init(_object*, _object*)::{lambda(c10d::Reducer&)#5}>"
+        "(long, c10d::Reducer&)"
+    )
+    assert callers.CallSite("libtorch_python.so", callback).is_binding
+    # A lambda of c10d_init that binds no Reducer method is not the binding.
+    other = callback.replace("{lambda(c10d::Reducer&)#5}", "{lambda(c10d::Logger&)#2}")
+    assert not callers.CallSite("libtorch_python.so", other).is_binding
     lib = fake_binutils(tmp_path, monkeypatch, "_Z4mainv")
     assert [s.caller for s in callers.unsound_replacements(lib, ["Reducer::f"])["Reducer::f"]] == ["main()"]
     with pytest.raises(callers.CallersError, match="no library in .* defines c10d::Reducer::g"):
@@ -259,12 +313,12 @@ def test_a_function_nothing_is_seen_calling_is_not_replaced(tmp_path, monkeypatc
 @pytest.mark.parametrize(
     "base, version, message",
     [
-        ("v2.1.2", "2.2.0", "has DistributedDataParallel._update_process_group upstream.*--base v2.11.0"),
+        ("v2.1.2", "2.2.0", "has DistributedDataParallel._update_process_group upstream.*--base v2.14.1"),
         ("v2.1.2", "2.13.0", "has DistributedDataParallel._update_process_group upstream"),
-        ("v2.1.2", "2.11.0", "that is the base v2.11.0: pass --base v2.11.0"),
+        ("v2.1.2", "2.14.0", "that is the base v2.14.1: pass --base v2.14.1"),
         ("v2.1.2", "2.0.1", "needs torch 2.1.x"),
-        ("v2.11.0", "2.1.2", "needs torch 2.11.x; that is the base v2.1.2"),
-        ("v2.11.0", "2.13.0", "needs torch 2.11.x; install torch==2.11.0"),
+        ("v2.14.1", "2.1.2", "needs torch 2.14.x; that is the base v2.1.2"),
+        ("v2.14.1", "2.13.0", "needs torch 2.14.x; install torch==2.14.1"),
         ("v2.1.2", "nonsense", "cannot read a torch version"),
     ],
 )
@@ -274,14 +328,14 @@ def test_unsupported_torch_versions(base, version, message):
 
 
 @pytest.mark.parametrize(
-    "base, version", [("v2.1.2", "2.1.0"), ("v2.1.2", "2.1.2"), ("v2.1.2", "2.1.2+cpu"), ("v2.11.0", "2.11.0+cu130")]
+    "base, version", [("v2.1.2", "2.1.0"), ("v2.1.2", "2.1.2"), ("v2.1.2", "2.1.2+cpu"), ("v2.14.1", "2.14.1+cu130")]
 )
 def test_supported_torch_versions(base, version):
     bases.get(base).check(version)
 
 
 def test_unknown_base():
-    with pytest.raises(bases.UnsupportedTorch, match="no series for the base 'v9'; the bases are v2.1.2, v2.11.0"):
+    with pytest.raises(bases.UnsupportedTorch, match="no series for the base 'v9'; the bases are v2.1.2, v2.14.1"):
         bases.get("v9")
 
 
@@ -318,6 +372,22 @@ def test_install_rebuilds_when_patches_change(repo, site, torch_dist):
     assert overlay.status(repo, torch_dist, BASE) == 2
     overlay.install(repo, torch_dist, BASE, build)
     assert build.calls == 2
+    assert overlay.status(repo, torch_dist, BASE) == 0
+    overlay.uninstall(torch_dist)
+    for installed, data in ORIGINALS.items():
+        assert (site / installed).read_bytes() == data
+
+
+def test_a_shorter_series_leaves_no_file_patched_that_it_does_not_patch(repo, site, torch_dist):
+    # As scripts/mutants and a run at one commit of the stack install one.
+    build = FakeBuild()
+    overlay.install(repo, torch_dist, BASE, build)
+    for patch in sorted(BASE.patches(repo).glob("*.patch"))[1:]:
+        patch.unlink()
+    overlay.install(repo, torch_dist, BASE, build)
+    distributed = "torch/nn/parallel/distributed.py"
+    assert (site / distributed).read_bytes() == ORIGINALS[distributed]
+    assert distributed not in overlay.Manifest.read(site).files
     assert overlay.status(repo, torch_dist, BASE) == 0
     overlay.uninstall(torch_dist)
     for installed, data in ORIGINALS.items():
