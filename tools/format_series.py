@@ -10,7 +10,7 @@ already has by compiling the patched function from its hunk (see
 torch_overlay/series.py), which needs all of it, and reviewers of the Python
 and test diffs are spared whole functions of context.
 
-  tools/format_series.py ~/pytorch v2.11.0 patches/v2.11.0 --function-context
+  tools/format_series.py ~/pytorch v2.14.1 patches/v2.14.1 --function-context
 """
 
 import argparse

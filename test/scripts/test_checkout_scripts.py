@@ -253,12 +253,12 @@ def test_already_upstream(pytorch_tree):
 
 
 def test_apply_takes_the_base(pytorch_tree):
-    result = script("apply", pytorch_tree, "--check", "--base", "v2.11.0")
+    result = script("apply", pytorch_tree, "--check", "--base", "v2.14.1")
     # The upstream series may not be written yet; either way, this 2.1 tree is not for it.
     assert result.returncode == 2
     assert "no patches in " in result.stderr or f"the series that adds it is --base {bases.DEFAULT}" in result.stderr
     result = script("apply", pytorch_tree, "--base", "v1.0")
-    assert result.returncode == 2 and "no series for the base 'v1.0'; the bases are v2.1.2, v2.11.0" in result.stderr
+    assert result.returncode == 2 and "no series for the base 'v1.0'; the bases are v2.1.2, v2.14.1" in result.stderr
 
 
 API = "\n    def _update_process_group(self, new_process_group):\n        pass\n"
@@ -270,9 +270,9 @@ API = "\n    def _update_process_group(self, new_process_group):\n        pass\n
         ("v2.1.2", "2.1.0a0", False, "base"),
         ("v2.1.2", "2.1.2", False, "base"),
         ("v2.1.2", "2.12.0a0", True, "upstream"),
-        ("v2.11.0", "2.11.0", True, "base"),
-        ("v2.11.0", "2.11.1", True, "base"),
-        ("v2.11.0", "2.12.0a0", True, "base"),
+        ("v2.14.1", "2.14.1", True, "base"),
+        ("v2.14.1", "2.14.2", True, "base"),
+        ("v2.14.1", "2.15.0a0", True, "base"),
     ],
 )
 def test_tree_state(base, version, api, state):
@@ -283,9 +283,9 @@ def test_tree_state(base, version, api, state):
     "base, version, api, error",
     [
         ("v2.1.2", "2.0.1", False, "needs torch 2.1.x"),
-        ("v2.11.0", "2.10.0", True, "version 2.10.0 is older than v2.11.0"),
-        ("v2.11.0", "2.1.0a0", False, "has no DistributedDataParallel._update_process_group of its own"),
-        ("v2.11.0", "2.1.0a0", False, f"--base {bases.DEFAULT}"),
+        ("v2.14.1", "2.13.0", True, "version 2.13.0 is older than v2.14.1"),
+        ("v2.14.1", "2.1.0a0", False, "has no DistributedDataParallel._update_process_group of its own"),
+        ("v2.14.1", "2.1.0a0", False, f"--base {bases.DEFAULT}"),
     ],
 )
 def test_tree_state_refuses(base, version, api, error):
@@ -294,23 +294,23 @@ def test_tree_state_refuses(base, version, api, error):
 
 
 def test_state_with_the_api_upstream(pytorch_tree, tmp_path):
-    # A main checkout after v2.11.0, and a one-patch stand-in for the upstream series.
+    # A main checkout after v2.14.1, and a one-patch stand-in for the upstream series.
     ddp = pytorch_tree / _checkout.DDP
     ddp.write_text(ddp.read_text() + API)
-    (pytorch_tree / "version.txt").write_text("2.12.0a0\n")
-    git(pytorch_tree, "commit", "-qam", "main after v2.11.0")
+    (pytorch_tree / "version.txt").write_text("2.15.0a0\n")
+    git(pytorch_tree, "commit", "-qam", "main after v2.14.1")
     ddp.write_text(ddp.read_text().replace("        pass\n", "        return None\n"))
     git(pytorch_tree, "commit", "-qam", "[DDP] a fix")
     patches = [pathlib.Path(p) for p in git(pytorch_tree, "format-patch", "-1", "-o", str(tmp_path / "series")).split()]
     tree = _checkout.Checkout.open(pytorch_tree)
-    upstream = bases.get("v2.11.0")
+    upstream = bases.get("v2.14.1")
     assert tree.state(upstream, patches) == "applied"
     git(pytorch_tree, "reset", "-q", "--hard", "HEAD~1")
     assert tree.state(upstream, patches) == "base"
     assert tree.state(BASE, _checkout.patch_files(BASE)) == "upstream"
-    (pytorch_tree / "version.txt").write_text("2.10.0\n")
+    (pytorch_tree / "version.txt").write_text("2.13.0\n")
     git(pytorch_tree, "commit", "-qam", "an older release")
-    with pytest.raises(_checkout.CheckoutError, match=f"{pytorch_tree}: version 2.10.0 is older than v2.11.0"):
+    with pytest.raises(_checkout.CheckoutError, match=f"{pytorch_tree}: version 2.13.0 is older than v2.14.1"):
         tree.state(upstream, patches)
 
 
@@ -662,7 +662,7 @@ def test_torch_src_needs_a_pytorch_tree(tmp_path):
 
 
 def test_a_commit_is_its_patch_whatever_the_context(tmp_path):
-    # The v2.11.0 series' .cpp diffs carry whole functions as context, which git patch-id
+    # The v2.14.1 series' .cpp diffs carry whole functions as context, which git patch-id
     # counts; what a commit removes and adds is what scripts/submit compares.
     submit = load_script("submit")
     tree = tmp_path / "tree"

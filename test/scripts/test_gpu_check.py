@@ -7,6 +7,7 @@ import time
 import unittest
 
 from conftest import load_script, REPO
+from torch_overlay import bases
 
 GPU_CHECK = REPO / "scripts" / "gpu-check"
 gpu_check = load_script("gpu-check")
@@ -16,35 +17,63 @@ def run(*args):
     return subprocess.run([sys.executable, str(GPU_CHECK), *args], capture_output=True, text=True, timeout=120)
 
 
+UPSTREAM = bases.get("v2.14.1")
+
+
+def names_in_the_test_file():
+    spec = importlib.util.spec_from_file_location("test_ddp_update_process_group", UPSTREAM.test_file(REPO))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [test.id() for suite in unittest.TestLoader().loadTestsFromModule(module) for test in suite]
+
+
 def test_every_case_names_tests_of_the_file():
     # unittest's -k matches a substring of "module.Class.test": a pattern that matches
     # nothing would leave a case out without a word.
-    spec = importlib.util.spec_from_file_location("test_ddp_update_process_group", gpu_check.TEST_FILE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    names = [test.id() for suite in unittest.TestLoader().loadTestsFromModule(module) for test in suite]
-    for case in gpu_check.CASES:
+    names = names_in_the_test_file()
+    for case in gpu_check.CASES + tuple(gpu_check.fix_cases(UPSTREAM)):
         assert any(case in name for name in names), case
 
-    # Every case that only CUDA runs is among them.
+    # Every case that only CUDA runs on one GPU is among them; the NCCL recovery needs a
+    # GPU per rank.
     def tests_of(cls):
         return {name.rsplit(".", 1)[1] for name in names if f".{cls}." in name}
 
     cuda_only = tests_of("UpdateProcessGroupGlooCudaTest") - tests_of("UpdateProcessGroupGlooTest")
+    cuda_only.remove("test_recover_after_aborting_the_old_nccl_group")
     selected = [case.rsplit(".", 1)[1] for case in gpu_check.CASES]
     assert cuda_only
     for test in cuda_only:
         assert any(test.startswith(method) for method in selected), test
+
+
+def test_the_fixes_cases_are_those_the_fix_patches_add():
+    cases = [case.rsplit(".", 1)[1] for case in gpu_check.fix_cases(UPSTREAM)]
+    assert "test_recover_while_collectives_in_flight" in cases
+    assert "test_bad_argument_changes_nothing" in cases
+    # Cases of what the series adds after its fixes are not.
+    assert "test_builtin_comm_hook_follows_group" not in cases
+    assert "test_shrink_switch_expand" not in cases
 
 def test_dry_run_prints_each_step():
     result = run("--dry-run", "--out", "/tmp/gpu-check-out")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 4
-    assert " -m torch_overlay install --repo " in lines[0] and lines[0].endswith("--base v2.11.0")
+    assert " -m torch_overlay install --repo " in lines[0] and lines[0].endswith("--base v2.14.1")
     assert all(f"-k {case}" in lines[1] for case in gpu_check.CASES)
     assert "elastic_ddp.py --backend nccl --workers 1" in lines[2]
     assert "--device cuda --paths a" in lines[3] and lines[3].endswith("--out /tmp/gpu-check-out")
+
+
+def test_dry_run_with_only_the_fixes():
+    # What a GPU machine with torch 2.11.0 runs: the fixes and their cases, nothing else.
+    result = run("--dry-run", "--fixes-only")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2
+    assert lines[0].endswith("--base v2.14.1 --fixes-only")
+    assert all(f"-k {case}" in lines[1] for case in gpu_check.fix_cases(UPSTREAM))
 
 
 def test_log_keeps_the_output_and_stops_at_the_deadline(tmp_path):
@@ -63,7 +92,8 @@ def test_refuses_another_torch_and_no_gpu():
     # This venv holds torch 2.1.2, the base v2.1.2's, and no GPU.
     result = run()
     assert result.returncode == 2
-    assert "is not supported by the v2.11.0 series" in result.stderr and "pass --base v2.1.2" in result.stderr
+    assert "is not supported by the v2.14.1 series" in result.stderr and "pass --base v2.1.2" in result.stderr
+    assert "The series' fixes alone do not apply to it either." in result.stderr
     result = run("--base", "v2.1.2")
     assert result.returncode == 2
     assert "sees no CUDA device: gpu-check needs a GPU" in result.stderr

@@ -6,7 +6,7 @@ import sys
 
 import unidiff
 
-from conftest import git, GIT, PATCHES, REPO
+from conftest import BASE, git, GIT, PATCHES, REPO
 
 sys.path.insert(0, str(REPO / "tools" / "linter"))
 import adapter  # noqa: E402
@@ -99,19 +99,37 @@ def test_test_file_must_agree_with_the_series(tmp_path, monkeypatch):
     copy = tmp_path / "repo"
     (copy / "torch_overlay").mkdir(parents=True)
     (copy / "torch_overlay" / "bindings.cpp").write_text((REPO / "torch_overlay" / "bindings.cpp").read_text())
-    test_file = copy / "test/distributed/test_ddp_update_process_group.py"
+    test_file = BASE.test_file(copy)
     test_file.parent.mkdir(parents=True)
-    test_file.write_text((REPO / "test/distributed/test_ddp_update_process_group.py").read_text() + "# drift\n")
+    test_file.write_text(BASE.test_file(REPO).read_text() + "# drift\n")
     monkeypatch.setattr(patch_series, "REPO", copy)
     series = patch_series.series.read_series(PATCHES, patch_series.overlay.Torch.find().site_packages)
-    found = patch_series.lint_agreement(REAL, series)
+    found = patch_series.lint_agreement(BASE, REAL, series)
     assert names(found) == ["agree"]
+    assert found[0].path == f"test/distributed/{BASE.name}/test_ddp_update_process_group.py"
     (copy / "torch_overlay" / "bindings.cpp").write_text("py::name(\"_reset_state\")\n")
-    assert names(patch_series.lint_agreement(REAL, series)) == ["agree", "bindings"]
+    assert names(patch_series.lint_agreement(BASE, REAL, series)) == ["agree", "bindings"]
     # A test hunk that does not apply is reported, not a crash.
     broken, _ = fake(copy, subject="[DDP] Test a thing", path="test/distributed/test_ddp_update_process_group.py")
-    found = patch_series.lint_agreement(REAL + [broken], series)
+    found = patch_series.lint_agreement(BASE, REAL + [broken], series)
     assert (found[-1].name, found[-1].path) == ("apply", broken.name)
+
+
+def test_git_am_commit_by_commit(tmp_path, monkeypatch):
+    torch = patch_series.overlay.Torch.find()
+    series = patch_series.series.read_series(PATCHES, torch.site_packages)
+    # Without a snapshot, the .cpp hunks are left out, and the rest applies.
+    monkeypatch.delenv(patch_series.SNAPSHOT_ENV, raising=False)
+    assert patch_series.lint_git_am(torch, REAL, series) == []
+    # With one whose reducer.cpp is not the base's, the first patch that changes it fails.
+    snapshot = tmp_path / "snapshot"
+    for path in patch_series.series.SOURCE_ONLY:
+        (snapshot / path).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / path).write_text("// not the base's file\n")
+    monkeypatch.setenv(patch_series.SNAPSHOT_ENV, str(snapshot))
+    found = patch_series.lint_git_am(torch, REAL, series)
+    assert names(found) == ["am"] and found[0].path.endswith(REAL[0].name)
+    assert "git am fails on the base's files" in found[0].description
 
 
 def test_adapter_prints_only_lint_messages_on_stdout(tmp_path, monkeypatch, capsys):

@@ -49,3 +49,9 @@ def test_every_mutant_fits_the_series(base, mutant):
     added = patch[0].read_text().split("\n")
     for old, _ in mutant["replace"]:
         assert added.count("+" + old) == 1, f"{patch[0].name} does not add {old!r} exactly once"
+    # A later patch that removes the line would take the mutant away before the tests run.
+    for later in sorted(base.patches(REPO).glob("*.patch")):
+        if later.name[:4] > mutant["patch"]:
+            lines = later.read_text().split("\n")
+            for old, _ in mutant["replace"]:
+                assert "-" + old not in lines, f"{later.name} removes {old!r}, and the mutant with it"

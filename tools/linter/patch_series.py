@@ -11,10 +11,15 @@ wheel of its base (the venv of scripts/overlay install --base BASE):
   whitespace or tabs;
 * APPLY: the series applies to the wheel's base files where the wheel has them,
   and the overlay can carry it: reducer.cpp and logger.cpp hunks additive on v2.1.2;
-  on v2.11.0, every function of libtorch that the series changes shown whole, and
+  on v2.14.1, every function of libtorch that the series changes shown whole, and
   called by nothing in the wheel's libraries but its Python binding; bindings.cpp
   binding exactly what the init.cpp hunks bind and the changed functions;
-* AGREE: test/distributed holds exactly what the series adds there;
+* AM: the series applies with `git am`, commit by commit, to a tree of the base's files:
+  the wheel's own, and the .cpp files that the wheel lacks from the directory that
+  PATCH_SERIES_SNAPSHOT names (a PyTorch tree, or the stored snapshot the series was
+  made against), if it is set; without it their hunks are left out of `git am`, and
+  only APPLY checks them;
+* AGREE: test/distributed/BASE holds exactly what the series adds under test/distributed;
 * FLAKE8 / CLANGFORMAT: the Python and C++ the series adds, checked in place in
   the patched files with the repository's flake8 and clang-format settings;
 * UFMT: no line the series adds to a Python file or stub is one that PyTorch's UFMT
@@ -24,6 +29,7 @@ wheel of its base (the venv of scripts/overlay install --base BASE):
 
 import difflib
 import email.parser
+import os
 import pathlib
 import re
 import subprocess
@@ -238,7 +244,7 @@ def lint_added_code(tree: pathlib.Path, patches: series.Series, patch_sets) -> L
     return found
 
 
-def lint_agreement(patch_files: List[pathlib.Path], patches: series.Series) -> List[LintMessage]:
+def lint_agreement(base: bases.Base, patch_files: List[pathlib.Path], patches: series.Series) -> List[LintMessage]:
     found = []
     glue = re.findall(r'py::name\("(\w+)"\)', (REPO / "torch_overlay" / "bindings.cpp").read_text())
     expected = sorted(patches.bound_methods + [r.binding for r in patches.replaced])
@@ -252,7 +258,7 @@ def lint_agreement(patch_files: List[pathlib.Path], patches: series.Series) -> L
         )
     with tempfile.TemporaryDirectory() as tmp:
         for patch in patch_files:
-            result = subprocess.run(["git", "apply", "--include=test/*", str(patch)], cwd=tmp, capture_output=True, text=True)
+            result = subprocess.run(["git", "apply", "--include=test/distributed/*", str(patch)], cwd=tmp, capture_output=True, text=True)
             if result.returncode != 0:
                 description = f"its test/ hunks do not apply after the patches before it: {result.stderr.strip()}"
                 return found + [message(patch, "apply", description)]
@@ -260,15 +266,47 @@ def lint_agreement(patch_files: List[pathlib.Path], patches: series.Series) -> L
             if not added.is_file():
                 continue
             relative = str(added.relative_to(tmp))
-            mine = REPO / relative
+            mine = base.repo_path(REPO, relative)
             if not mine.is_file() or mine.read_bytes() != added.read_bytes():
                 found.append(
                     LintMessage(
-                        relative, None, None, CODE, "error", "agree",
-                        f"{relative} differs from the file the series adds; change both together",
+                        str(mine.relative_to(REPO)), None, None, CODE, "error", "agree",
+                        f"{mine.relative_to(REPO)} differs from the {relative} that the {base.name} series adds; "
+                        "change both together",
                     )
                 )
     return found
+
+
+# Where the .cpp files of a base's tree are, for AM: a PyTorch checkout, or a snapshot.
+SNAPSHOT_ENV = "PATCH_SERIES_SNAPSHOT"
+
+
+def lint_git_am(torch: overlay.Torch, patch_files: List[pathlib.Path], patches: series.Series) -> List[LintMessage]:
+    """The first patch that `git am` cannot apply on top of the ones before it, if any."""
+    snapshot = os.environ.get(SNAPSHOT_ENV)
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = pathlib.Path(tmp)
+        files = overlay.originals(torch, overlay.Manifest.read(torch.site_packages), patches.applied)
+        excluded = []
+        for path in series.SOURCE_ONLY:
+            if snapshot and (pathlib.Path(snapshot) / path).is_file():
+                files[path] = (pathlib.Path(snapshot) / path).read_bytes()
+            else:
+                excluded.append(f"--exclude={path}")
+        for path, data in files.items():
+            (tree / path).parent.mkdir(parents=True, exist_ok=True)
+            (tree / path).write_bytes(data)
+        git = ["git", "-c", "user.name=lint", "-c", "user.email=lint@localhost", "-C", str(tree)]
+        for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+            subprocess.run(git + cmd, check=True, capture_output=True)
+        for patch in patch_files:
+            result = subprocess.run(git + ["am", "-q", *excluded, str(patch)], capture_output=True, text=True)
+            if result.returncode != 0:
+                left_out = f" (its .cpp hunks left out: set {SNAPSHOT_ENV} to check them too)" if excluded else ""
+                description = f"git am fails on the base's files after the patches before it{left_out}: {result.stderr.strip()}"
+                return [message(patch, "am", description)]
+    return []
 
 
 def base_torch(base: bases.Base) -> overlay.Torch:
@@ -321,4 +359,4 @@ def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintM
             found += lint_added_code(pathlib.Path(tmp), patches, patch_sets)
     except (series.SeriesError, overlay.OverlayError) as e:
         return found + [LintMessage(f"patches/{base.name}", None, None, CODE, "error", "apply", str(e))]
-    return found + lint_agreement(patch_files, patches)
+    return found + lint_git_am(torch, patch_files, patches) + lint_agreement(base, patch_files, patches)
