@@ -16,10 +16,11 @@ import sys
 import tempfile
 
 import torch
-import torch._dynamo
+import torch._dynamo.testing
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 WORLD_SIZE = 4
@@ -46,8 +47,17 @@ def expected_grads(module, members, step):
     return [acc / len(members) for acc in total]
 
 
-def compiled_graphs():
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+class Model(nn.Module):
+    # Not an nn.Sequential: Dynamo compiles nothing of one inside DDP since torch 2.11
+    # (it breaks the graph at Sequential's generator), and the demo would count nothing.
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 64)
+        self.fc3 = nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
 def worker(rank, store_path, backend, steps):
@@ -55,9 +65,11 @@ def worker(rank, store_path, backend, steps):
         "gloo", store=dist.FileStore(store_path, WORLD_SIZE), rank=rank, world_size=WORLD_SIZE
     )
     torch.manual_seed(0)
-    module = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    module = Model()
     ddp = DistributedDataParallel(module)
-    model = torch.compile(ddp, backend=backend)
+    # Counts the frames that Dynamo compiles, and compiles them with ``backend``.
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    model = torch.compile(ddp, backend=counter)
     everyone = list(range(WORLD_SIZE))
     phases = [
         ("start", everyone, None),
@@ -88,15 +100,18 @@ def worker(rank, store_path, backend, steps):
                     p -= 0.05 * p.grad
             step += 1
         if warm is None:
-            warm = compiled_graphs()
+            warm = counter.frame_count
+            if warm == 0:
+                print("torch.compile compiled nothing: no recompilation would mean nothing", flush=True)
+                sys.exit(1)
         if rank == members[0]:
             print(
                 f"{phase:>7}: members {members}, world size {dist.get_world_size(ddp.process_group)}, "
                 f"gradients equal the members' average in {checked}/{steps} steps, "
-                f"compiled graphs {compiled_graphs()} (new since the first step: {compiled_graphs() - warm})",
+                f"compiled graphs {counter.frame_count} (new since the first step: {counter.frame_count - warm})",
                 flush=True,
             )
-        if compiled_graphs() != warm or checked != steps:
+        if counter.frame_count != warm or checked != steps:
             sys.exit(1)
     dist.destroy_process_group()
 
