@@ -175,6 +175,41 @@ def test_changed_function_is_refused_on_an_additive_base(tmp_path, site):
         series.read_series(patches, site)
 
 
+def test_added_constant_comes_before_the_functions(tmp_path, site):
+    constant = 'constexpr const char* kNote =\n    "a note";\n'
+    added = CHANGED_CPP.replace("int tail_1;\n", f"{constant}void Reducer::g() {{\n  use(kNote);\n}}\nint tail_1;\n")
+    patches = make_patch(tmp_path, series.REDUCER_CPP, BASE_CPP, added, extra=["--function-context"])
+    s = series.read_series(patches, site, replaceable=True)
+    assert [(f.declaration, f.text) for f in s.fragments] == [
+        (True, constant), (False, "void Reducer::g() {\n  use(kNote);\n}\n")]
+    source = overlay.additions_source(s)
+    assert source.index("kNote =") < source.index("// replaces c10d::Reducer::f") < source.index("use(kNote)")
+
+
+INIT_BASE = "".join(f"int line_{n};\n" for n in range(1, 11)) + (
+    '          .def(\n              "_f",\n              &::c10d::Reducer::f,\n'
+    "              py::call_guard<py::gil_scoped_release>())\n"
+) + "".join(f"int tail_{n};\n" for n in range(1, 11))
+
+
+def test_init_cpp_may_change_only_the_binding_of_a_replaced_function(tmp_path, site):
+    # Reducer::f stays libtorch's here, so its binding cannot change; the v2.14.1
+    # series changes that of reset_state(), which it replaces (test_v2_14_series_roles).
+    changed = INIT_BASE.replace(
+        "              &::c10d::Reducer::f,\n",
+        "              [](::c10d::Reducer& reducer, int a) { reducer.f(a); },\n              py::arg(\"a\"),\n",
+    )
+    patches = make_patch(tmp_path, series.INIT_CPP, INIT_BASE, changed)
+    with pytest.raises(series.SeriesError, match="changes the init.cpp bindings _f, which bind no function"):
+        series.read_series(patches, site, replaceable=True)
+
+
+def test_init_cpp_may_not_change_lines_outside_a_binding(tmp_path, site):
+    patches = make_patch(tmp_path, series.INIT_CPP, INIT_BASE, INIT_BASE.replace("int line_9;\n", ""))
+    with pytest.raises(series.SeriesError, match="removes line 9, a line of the base file, outside a binding"):
+        series.read_series(patches, site, replaceable=True)
+
+
 def test_v2_14_series_roles(tmp_path):
     # The files the v2.14.1 wheel ships, as placeholders: roles depend only on which exist.
     site = tmp_path / "site-packages"
@@ -188,13 +223,19 @@ def test_v2_14_series_roles(tmp_path):
     upstream = bases.get("v2.14.1")
     s = series.read_series(upstream.patches(REPO), site, replaceable=True)
     assert [r.name for r in s.replaced] == ["Reducer::update_process_group", "Reducer::reset_state"]
-    assert s.replaced[1].text.startswith("bool Reducer::reset_state() {")
-    assert sorted(s.bound_methods) == ["_remove_comm_hook", "_set_process_group_data"]
-    assert "void Reducer::sync_bucket_assignment(" in "".join(f.text for f in s.fragments)
+    # 0008 gives reset_state() a parameter, and its binding in init.cpp an argument:
+    # a changed binding of a replaced function.
+    assert s.replaced[1].text.startswith("void Reducer::reset_state(bool keep_armed) {")
+    assert sorted(s.bound_methods) == [
+        "_next_iteration_records_static_graph", "_remove_comm_hook", "_set_process_group_data"]
+    added = "".join(f.text for f in s.fragments)
+    assert "void Reducer::sync_bucket_assignment(" in added
+    # A namespace-scope constant comes first, before the functions that use it.
+    assert s.fragments[0].declaration and s.fragments[0].text.startswith("constexpr const char* kKeepsPreviousGroup")
     assert "torch/testing/_internal/distributed/distributed_test.py" in s.applied
     # Its fixes alone: the first patches, which change the two functions and bind nothing new.
     fixes = series.read_series(upstream.patches(REPO), site, replaceable=True, count=upstream.fixes)
-    assert [p.name[:4] for p in fixes.patches] == ["0001", "0002", "0003", "0004", "0005"]
+    assert [p.name[:4] for p in fixes.patches] == ["0001", "0002", "0003", "0004", "0005", "0006"]
     assert [r.name for r in fixes.replaced] == ["Reducer::update_process_group", "Reducer::reset_state"]
     assert fixes.replaced[1].text.startswith("void Reducer::reset_state() {")
     assert fixes.bound_methods == []
@@ -232,7 +273,8 @@ def test_renames_reach_only_the_replaced_functions(tmp_path, site):
         "#define TORCH_OVERLAY_BIND_F",
     ]
     # The v2.1.2 series renames nothing, and switches on the bindings its init.cpp hunks add.
-    defines = [line for line in overlay.renames_source(series.read_series(PATCHES, site), include).splitlines() if "#define" in line]
+    source = overlay.renames_source(series.read_series(PATCHES, site), include)
+    defines = [line for line in source.splitlines() if "#define" in line]
     assert defines == [
         "#define TORCH_OVERLAY_BIND_REMOVE_COMM_HOOK",
         "#define TORCH_OVERLAY_BIND_RESET_STATE",

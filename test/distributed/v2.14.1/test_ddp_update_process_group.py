@@ -226,13 +226,15 @@ class _HeldGroup(dist.ProcessGroup):
 
     ``complete_on_enqueue`` completes a held work's future at once, as NCCL
     does when it enqueues a collective, although its write comes later.
-    ``fail_first`` fails the first held allreduce instead, as a collective
-    that reports an error when it is waited on does.
+    ``plan`` says what happens to the allreduces while holding, in order:
+    ``"run"``, ``"hold"``, or ``"fail"``, as a collective that reports an
+    error when it is waited on does; those after the ones it lists are held.
 
-    Allgathers always run, counted from 1: ``fail_allgather = n`` fails the
-    n-th instead, and ``edit_allgather = (n, fn)`` calls ``fn`` on the list of
-    tensors that the n-th gathered, once it completes, as data corrupted in
-    flight.
+    Allgathers and broadcasts always run, except that ``fail_collective``
+    fails the first for which it returns True, called with the collective's
+    kind (``"allgather"`` or ``"broadcast"``) and its input tensors, and
+    ``edit_collective = (match, fn)`` calls ``fn`` on the tensors that the
+    first match received, once it completes, as data corrupted in flight.
     """
 
     def __init__(self, inner):
@@ -240,13 +242,12 @@ class _HeldGroup(dist.ProcessGroup):
         self.inner = inner
         self.holding = False
         self.complete_on_enqueue = False
-        self.fail_first = False
+        self.plan = []
         self.held = []
         self.released = 0
         self._release_into = []
-        self.allgathers = 0
-        self.fail_allgather = None
-        self.edit_allgather = (None, None)
+        self.fail_collective = None
+        self.edit_collective = (None, None)
 
     def getBackendName(self):
         # Not the inner group's name, whose backend objects this group lacks.
@@ -255,10 +256,10 @@ class _HeldGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         for other in self._release_into:
             other.release(sharing_memory_with=tensors)
-        if not self.holding:
+        step = (self.plan.pop(0) if self.plan else "hold") if self.holding else "run"
+        if step == "run":
             return self.inner.allreduce(tensors, opts or dist.AllreduceOptions())
-        if self.fail_first:
-            self.fail_first = False
+        if step == "fail":
             return _FailedWork()
         cuda = [t.device for t in tensors if t.is_cuda]
         future = torch.futures.Future(devices=cuda or None)
@@ -268,26 +269,41 @@ class _HeldGroup(dist.ProcessGroup):
         return _create_work_from_future(future)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        self.allgathers += 1
-        if self.allgathers == self.fail_allgather:
+        if self._fails("allgather", input_tensors):
             return _FailedWork()
         work = self.inner.allgather(
             output_tensors,
             input_tensors,
             opts or dist.distributed_c10d.AllgatherOptions(),
         )
-        if self.allgathers != self.edit_allgather[0]:
-            return work
-        work.wait()
-        self.edit_allgather[1](output_tensors[0])
-        done = torch.futures.Future()
-        done.set_result(output_tensors)
-        return _create_work_from_future(done)
+        return self._edited("allgather", input_tensors, output_tensors[0], work)
 
     def broadcast(self, tensors, opts=None):
-        return self.inner.broadcast(
+        if self._fails("broadcast", tensors):
+            return _FailedWork()
+        work = self.inner.broadcast(
             tensors, opts or dist.distributed_c10d.BroadcastOptions()
         )
+        return self._edited("broadcast", tensors, tensors, work)
+
+    def _fails(self, kind, inputs):
+        """Whether ``fail_collective`` fails this collective: the first it matches."""
+        if self.fail_collective is None or not self.fail_collective(kind, inputs):
+            return False
+        self.fail_collective = None
+        return True
+
+    def _edited(self, kind, inputs, received, work):
+        """``work``, or, for the first match of ``edit_collective``, its edited result."""
+        match, edit = self.edit_collective
+        if match is None or not match(kind, inputs):
+            return work
+        self.edit_collective = (None, None)
+        work.wait()
+        edit(received)
+        done = torch.futures.Future()
+        done.set_result(received)
+        return _create_work_from_future(done)
 
     def release_before(self, other):
         other._release_into.append(self)
@@ -306,6 +322,35 @@ class _HeldGroup(dist.ProcessGroup):
                 future.set_result(tensors)
             self.released += 1
         self.held = pending
+
+
+def _reversed_buckets(sizes, indices):
+    """For ``_edit_assignment``: rank 0's buckets in the reverse order."""
+    buckets, start = [], 0
+    for size in sizes:
+        if size:
+            buckets.append(indices[start : start + size])
+            start += size
+    buckets.reverse()
+    sizes = [len(b) for b in buckets] + [0] * (len(sizes) - len(buckets))
+    return sizes, [i for b in buckets for i in b]
+
+
+def _nth(kind, n):
+    """For ``fail_collective`` and ``edit_collective``: the ``n``-th collective of ``kind``, from 1."""
+    seen = 0
+
+    def match(collective_kind, inputs):
+        nonlocal seen
+        seen += collective_kind == kind
+        return collective_kind == kind and seen == n
+
+    return match
+
+
+def _is_bucket_agreement(kind, inputs):
+    """For ``fail_collective``: the allgather that tells the ranks whether all initialized their buckets."""
+    return kind == "allgather" and inputs[0].numel() == 1
 
 
 @instantiate_parametrized_tests
@@ -503,6 +548,42 @@ class UpdateProcessGroupTest:
         old.release()
         self._step(ddp, everyone, 3)
 
+    def test_recover_keeps_buckets_not_launched(self):
+        # The failed pass raises before fc2's weight and fc1 have their
+        # gradients, so it launched only the bucket of fc3's parameters. The
+        # other buckets keep their storage and what is in it: the step before's
+        # gradients, plus what the failed pass accumulated into fc2's bias.
+        self._init_default_group()
+        old, new = self._held_group(), self._held_group()
+        ddp = self._ddp_with_several_buckets(
+            process_group=old, gradient_as_bucket_view=True
+        )
+        everyone = list(range(self.world_size))
+        for step in range(2):
+            self._step(ddp, everyone, step)
+        grads = {name: p.grad for name, p in ddp.module.named_parameters()}
+        old.holding = True
+        self._failed_step(ddp, 2, raise_at="fc2")
+        before = {name: g.clone() for name, g in grads.items()}
+        launched = {_memory(t) for tensors, _ in old.held for t in tensors}
+        self.assertTrue(launched, msg="the failed pass launched no allreduce")
+        old.release_before(new)
+        ddp._update_process_group(new)
+        kept = 0
+        for name, p in ddp.module.named_parameters():
+            if _memory(grads[name]) in launched:
+                self.assertIsNone(p.grad, msg=f"{name}'s launched gradient was kept")
+            else:
+                self.assertIs(p.grad, grads[name], msg=f"{name} lost its gradient")
+                self.assertEqual(
+                    p.grad, before[name], atol=0, rtol=0, msg=f"{name} changed"
+                )
+                kept += 1
+        self.assertGreater(kept, 0, msg="every bucket had been launched")
+        self._step(ddp, everyone, 3)
+        old.release()
+        self._step(ddp, everyone, 4)
+
     def test_recover_with_sparse_gradient_in_flight(self):
         # A sparse bucket's collective writes into the parameter's gradient
         # itself, which the next step zeroes in place and accumulates into.
@@ -530,33 +611,79 @@ class UpdateProcessGroupTest:
 
     @parametrize("complete_on_enqueue", [False, True])
     def test_recover_when_finalize_fails(self, complete_on_enqueue):
-        # finalize_backward() raises where it waits for the first bucket,
-        # whose collective failed; the collectives of the other buckets and of
-        # the map of used parameters were launched, and are held back. The
-        # ranks go on in halves, without fc2: the division factor, the map and
-        # the buckets of the failed pass must not outlive it.
+        # finalize_backward() waits for the first bucket, whose collective ran,
+        # and raises where it waits for the second, whose collective failed;
+        # the collectives of the other buckets and of the map of used
+        # parameters were launched, and are held back. The ranks go on in
+        # halves, without fc2: the division factor, the map and the buckets of
+        # the failed pass must not outlive it, and the first bucket, which
+        # finished, keeps its storage and its gradients.
         self._init_default_group()
         old = self._held_group()
         members, pg = self._split()
         half = _HeldGroup(pg)
         ddp = self._ddp_with_several_buckets(
-            process_group=old, find_unused_parameters=True
+            process_group=old, find_unused_parameters=True, gradient_as_bucket_view=True
         )
         everyone = list(range(self.world_size))
-        self._step(ddp, everyone, 0)
+        for step in range(2):
+            self._step(ddp, everyone, step)
+        grads = {name: p.grad for name, p in ddp.module.named_parameters()}
         buckets = len(ddp.reducer._get_zeros_like_grad_buckets())
         self.assertGreater(buckets, 2)
         old.holding = True
-        old.fail_first = True
+        old.plan = ["run", "fail"]
         old.complete_on_enqueue = complete_on_enqueue
         with self.assertRaisesRegex(Exception, "simulated failed collective"):
-            _loss(ddp(_sample(self.rank, 1, self.device))).backward()
-        self.assertEqual(len(old.held), buckets, msg="not every allreduce was held")
+            _loss(ddp(_sample(self.rank, 2, self.device))).backward()
+        self.assertEqual(
+            len(old.held), buckets - 1, msg="not every later allreduce was held"
+        )
+        held = {_memory(t) for tensors, _ in old.held for t in tensors}
         old.release_before(half)
         ddp._update_process_group(half)
-        self._step(ddp, members, 2, use_fc2=False)
+        kept = [
+            name for name, p in ddp.module.named_parameters() if p.grad is grads[name]
+        ]
+        self.assertTrue(kept, msg="the bucket that finished lost its gradients")
+        for name in kept:
+            self.assertNotIn(_memory(grads[name]), held)
+        self.assertLess(len(kept), len(grads), msg="no bucket was abandoned")
+        self._step(ddp, members, 3, use_fc2=False)
         old.release()
-        self._step(ddp, members, 3)
+        self._step(ddp, members, 4)
+
+    def test_recover_when_the_used_map_fails(self):
+        # fc2 is unused in the failed pass, so finalize_backward() waits for
+        # the allreduce of the map of used parameters at fc2's bucket, which
+        # comes before fc1's. That allreduce failed, while the collectives of
+        # fc1's buckets, as on Gloo, have not completed: they are held back,
+        # and would write into the next step's gradients.
+        self._init_default_group()
+        everyone = list(range(self.world_size))
+        old, new = self._held_group(), self._held_group()
+        ddp = self._ddp_with_several_buckets(
+            process_group=old, find_unused_parameters=True
+        )
+        self._step(ddp, everyone, 0)
+        fc1 = {id(p) for p in ddp.module.fc1.parameters()}
+        buckets = ddp.reducer._get_zeros_like_grad_buckets()
+        first_of_fc1 = min(
+            b.index() for b in buckets if {id(p) for p in b.parameters()} & fc1
+        )
+        self.assertGreater(first_of_fc1, 0)
+        old.holding = True
+        old.plan = (
+            ["run"] * first_of_fc1 + ["hold"] * (len(buckets) - first_of_fc1) + ["fail"]
+        )
+        with self.assertRaisesRegex(Exception, "simulated failed collective"):
+            _loss(ddp(_sample(self.rank, 1, self.device), use_fc2=False)).backward()
+        self.assertEqual(len(old.held), len(buckets) - first_of_fc1)
+        old.release_before(new)
+        ddp._update_process_group(new)
+        self._step(ddp, everyone, 2)
+        old.release()
+        self._step(ddp, everyone, 3)
 
     @parametrize("rebuilt", ["other_sizes", "other_offsets"])
     def test_rank_outside_while_others_rebuilt(self, rebuilt):
@@ -706,15 +833,16 @@ class UpdateProcessGroupTest:
             message,
             "DistributedDataParallel._update_process_group() needs the same model "
             f"on every rank of the new process group, {expected} Pass a module "
-            "with the same parameters on every rank. Nothing has changed: the "
-            "module is still on its previous process group, with its buckets.",
+            "with the same parameters on every rank. The module stays on its "
+            "previous process group, with its buckets.",
         )
         self._assert_unchanged(ddp, alone, buckets, [self.rank])
 
     @parametrize("failing", [1, 2])
-    def test_failed_bucket_alignment_changes_nothing(self, failing):
-        # The first or the second collective of the call fails, on every rank,
-        # on the way to each half's group: every rank trains on with all.
+    def test_failed_model_check_changes_nothing(self, failing):
+        # The first or the second allgather of the call, which check the
+        # model, fails on every rank, on the way to each half's group: every
+        # rank trains on with all.
         self._init_default_group()
         ddp = self._ddp_with_several_buckets()
         everyone = list(range(self.world_size))
@@ -724,28 +852,54 @@ class UpdateProcessGroupTest:
         ]
         _, pg = self._split()
         new = _HeldGroup(pg)
-        new.fail_allgather = failing
+        new.fail_collective = _nth("allgather", failing)
         with self.assertRaisesRegex(RuntimeError, "simulated failed collective"):
             ddp._update_process_group(new)
         self._assert_unchanged(ddp, dist.group.WORLD, buckets, everyone)
 
-    def _edit_assignment(self, ddp, edit):
-        """A group of everyone that lets ``edit`` change rank 0's bucket assignment in flight.
+    @parametrize("failing", ["broadcast", "agreement"])
+    def test_failed_bucket_alignment_changes_nothing(self, failing):
+        # On the way to each half's group, the broadcast of rank 0's
+        # assignment fails on every rank; or every rank initializes its
+        # buckets to another assignment, and the allgather that would tell
+        # them that all succeeded fails: each puts its own buckets back, and
+        # its reducer its group, and trains on with all.
+        self._init_default_group()
+        ddp = self._ddp_with_several_buckets()
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        buckets = [
+            b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()
+        ]
+        _, pg = self._split()
+        if failing == "broadcast":
+            new = _HeldGroup(pg)
+            new.fail_collective = _nth("broadcast", 1)
+        else:
+            new = self._edit_assignment(ddp, _reversed_buckets, pg)
+            new.fail_collective = _is_bucket_agreement
+        with self.assertRaisesRegex(RuntimeError, "simulated failed collective"):
+            ddp._update_process_group(new)
+        self._assert_unchanged(ddp, dist.group.WORLD, buckets, everyone)
+
+    def _edit_assignment(self, ddp, edit, group=None):
+        """A group that lets ``edit`` change rank 0's bucket assignment in flight.
 
         ``edit(sizes, indices)`` gets the two last fields of the assignment, as
         laid out in Note [Bucket assignment across a new process group], and
-        returns them changed.
+        returns them changed. The group runs on ``group``, by default a new
+        group of every rank.
         """
         n = len(list(ddp.parameters()))
-        new = self._held_group()
+        new = self._held_group() if group is None else _HeldGroup(group)
 
-        def corrupt(rows):
-            row = rows[0]
+        def corrupt(received):
+            row = received[0]
             sizes, indices = edit(row[-2 * n : -n].tolist(), row[-n:].tolist())
             row[-2 * n - 1] = sum(1 for size in sizes if size)
             row[-2 * n :] = torch.tensor(sizes + indices, device=row.device)
 
-        new.edit_allgather = (2, corrupt)
+        new.edit_collective = (_nth("broadcast", 1), corrupt)
         return new
 
     def test_received_assignment_is_checked(self):
@@ -767,15 +921,17 @@ class UpdateProcessGroupTest:
             "DistributedDataParallel._update_process_group() received a bucket "
             "assignment from rank 0 of the new process group that is not a "
             "partition of the module's 6 parameters into buckets, so rank 0 holds "
-            "another model or its reducer is corrupt. Nothing has changed: the "
-            "module is still on its previous process group, with its buckets.",
+            "another model or its reducer is corrupt. The module stays on its "
+            "previous process group, with its buckets.",
         )
         self._assert_unchanged(ddp, dist.group.WORLD, buckets, everyone)
 
     def test_failed_bucket_initialization_changes_nothing(self):
-        # Rank 0's assignment reaches every rank as one bucket of all
-        # parameters, where a sparse gradient cannot go: every rank's
-        # initialize_buckets() raises, and each keeps its own buckets.
+        # Rank 0's assignment reaches rank 1 as one bucket of all parameters,
+        # where a sparse gradient cannot go: rank 1's initialize_buckets()
+        # raises. It reaches ranks 2 and up with the buckets in reverse, so
+        # they initialize theirs again, and must put the previous ones back.
+        # Every rank must raise, and each keeps its own buckets.
         if self.backend == "nccl":
             self.skipTest("NCCL has no sparse allreduce")
         self._init_default_group()
@@ -787,13 +943,22 @@ class UpdateProcessGroupTest:
             b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()
         ]
         self.assertGreater(len(buckets), 1)
-        new = self._edit_assignment(
-            ddp,
-            lambda sizes, indices: ([len(indices)] + [0] * (len(sizes) - 1), indices),
+
+        def one_bucket_on_rank_1(sizes, indices):
+            if self.rank == 1:
+                return [len(indices)] + [0] * (len(sizes) - 1), indices
+            if self.rank > 1:
+                return _reversed_buckets(sizes, indices)
+            return sizes, indices
+
+        new = self._edit_assignment(ddp, one_bucket_on_rank_1)
+        expected = (
+            "cannot include variables that expect a sparse gradient"
+            if self.rank == 1
+            else "could not initialize the buckets of rank 1 of the new process "
+            "group to the assignment of its rank 0"
         )
-        with self.assertRaisesRegex(
-            RuntimeError, "cannot include variables that expect a sparse gradient"
-        ):
+        with self.assertRaisesRegex(RuntimeError, expected):
             ddp._update_process_group(new)
         self.assertTrue(all(p.grad is g for p, g in zip(ddp.parameters(), grads)))
         self._assert_unchanged(ddp, dist.group.WORLD, buckets, everyone)
@@ -1013,6 +1178,30 @@ but got NoneType: None""",
         for step in range(4, 6):
             self._step(ddp, members, step)
 
+    def test_change_between_forward_and_backward_outside_the_group(self):
+        # A rank outside the new group runs the backward pass of a forward pass
+        # from before the change: it must not reduce over the previous group,
+        # which the others have left. The members' backward pass reduces over
+        # their new group.
+        self._init_default_group()
+        old = self._held_group()
+        old.complete_on_enqueue = True
+        ddp = self._ddp(process_group=old)
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        members = first if self.rank in first else [self.rank]
+        expected = self._reference_grads(ddp.module, members, 1, use_fc2=True)
+        ddp.zero_grad(set_to_none=True)
+        out = ddp(_sample(self.rank, 1, self.device))
+        ddp._update_process_group(first_pg)
+        old.holding = True
+        _loss(out).backward()
+        self.assertEqual(old.held, [], msg="reduced over the previous group")
+        for (name, p), want in zip(ddp.module.named_parameters(), expected):
+            self.assertEqual(p.grad, want, msg=f"gradient of {name} after the change")
+
     @parametrize(
         "failed",
         ["first_iteration_before_any_hook", "first_iteration", "later_iteration"],
@@ -1056,6 +1245,103 @@ but got NoneType: None""",
         for step in range(failed_at + 4, failed_at + 7):
             self._step(ddp, members, step, model=model)
         self.assertEqual(cnt.frame_count, frames, msg="changing the group recompiled")
+
+    @parametrize("used_map", ["fails", "in_flight"])
+    def test_static_graph_first_iteration_fails_in_finalize(self, used_map):
+        # The first iteration's delayed allreduce of the map of used parameters
+        # fails, and finalize_backward() raises where it waits for it, as fc2
+        # is unused; the buckets' allreduces ran. Or that allreduce is held
+        # back, and finalize_backward() raises at the first bucket's, which
+        # failed; the map's late write would mark fc2 used in the new record.
+        # The record starts over.
+        self._init_default_group()
+        old, new = self._held_group(), self._held_group()
+        ddp = self._ddp(static_graph=True, process_group=old)
+        everyone = list(range(self.world_size))
+        old.holding = True
+        # The map's allreduce comes first, then the buckets'.
+        runs = ["run"] * len(list(ddp.parameters()))
+        old.plan = ["fail"] + runs if used_map == "fails" else ["hold", "fail"] + runs
+        with self.assertRaisesRegex(Exception, "simulated failed collective"):
+            _loss(ddp(_sample(self.rank, 0, self.device), use_fc2=False)).backward()
+        old.release_before(new)
+        ddp._update_process_group(new)
+        for step in range(1, 4):
+            self._step(ddp, everyone, step, use_fc2=False)
+        old.release()
+        self._step(ddp, everyone, 4, use_fc2=False)
+
+    def test_static_graph_grow_to_ranks_that_never_trained(self):
+        # The first half trains a static graph past its first iteration, while
+        # the second half, outside its group, has not trained at all. Once all
+        # are together, every rank records the graph again.
+        self._init_default_group()
+        ddp = self._ddp(static_graph=True)
+        everyone = list(range(self.world_size))
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        world_pg = dist.new_group(everyone)
+        ddp._update_process_group(first_pg)
+        if self.rank in first:
+            for step in range(3):
+                self._step(ddp, first, step)
+        ddp._update_process_group(world_pg)
+        self._sync_params(ddp, src=first[0])
+        for step in range(3, 6):
+            self._step(ddp, everyone, step)
+
+    def test_static_graph_on_some_ranks_only_is_refused(self):
+        self._init_default_group()
+        alone = self._groups_of_one()
+        ddp = self._ddp(process_group=alone, static_graph=self.rank != 1)
+        self._step(ddp, [self.rank], 0)
+        world_pg = dist.new_group(list(range(self.world_size)))
+        with self.assertRaises(RuntimeError) as caught:
+            ddp._update_process_group(world_pg)
+        self.assertEqual(
+            str(caught.exception).split("\n")[0],
+            "DistributedDataParallel._update_process_group() needs the same "
+            "static_graph on every rank of the new process group, but it is False "
+            "on rank 1, and True on rank 0. The module stays on its previous "
+            "process group, with its buckets.",
+        )
+        self.assertIs(ddp.process_group, alone)
+        self._step(ddp, [self.rank], 1)
+
+    def test_static_graph_armed_forward_is_refused_where_ranks_record(self):
+        # The first half has trained a static graph and runs a forward pass;
+        # the second half has not trained. Every rank would have to record the
+        # graph again, which the first half's pending backward pass cannot:
+        # every rank refuses, and that backward pass reduces over the first
+        # half's group. Between iterations, the change goes through.
+        self._init_default_group()
+        ddp = self._ddp(static_graph=True)
+        everyone = list(range(self.world_size))
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        world_pg = dist.new_group(everyone)
+        ddp._update_process_group(first_pg)
+        if self.rank in first:
+            for step in range(3):
+                self._step(ddp, first, step)
+            expected = self._reference_grads(ddp.module, first, 3, use_fc2=True)
+            ddp.zero_grad(set_to_none=True)
+            out = ddp(_sample(self.rank, 3, self.device))
+        with self.assertRaisesRegex(
+            RuntimeError,
+            "every rank must record it again, but rank 0 has a forward pass whose "
+            "backward pass has not run",
+        ):
+            ddp._update_process_group(world_pg)
+        if self.rank in first:
+            self.assertIs(ddp.process_group, first_pg)
+            _loss(out).backward()
+            for (name, p), want in zip(ddp.module.named_parameters(), expected):
+                self.assertEqual(p.grad, want, msg=f"gradient of {name}")
+        ddp._update_process_group(world_pg)
+        self._sync_params(ddp, src=first[0])
+        for step in range(4, 6):
+            self._step(ddp, everyone, step)
 
     def test_static_graph_change_between_forward_and_backward(self):
         # The first iteration's backward pass, armed by its forward pass before
@@ -1555,7 +1841,7 @@ contains this rank first.""",
         first_pg = dist.new_group(first)
         ddp._update_process_group(first_pg)
         new = self._held_group()
-        new.fail_allgather = 1
+        new.fail_collective = _nth("allgather", 1)
         with self.assertRaisesRegex(RuntimeError, "simulated failed collective"):
             ddp._update_process_group(new)
         if self.rank in first:
