@@ -3,7 +3,7 @@
 
 Runs ``git format-patch --zero-commit --no-signature`` on the commits
 ``BASE_REF..HEAD`` of a PyTorch checkout, as the series in patches/ are made.
-With --function-context, the diffs of C++ source files (.cpp) show every
+With --function-context, the diffs of reducer.cpp and logger.cpp show every
 function they change whole, and the rest of each patch keeps git's usual three
 lines of context: the overlay carries a change to a function that libtorch
 already has by compiling the patched function from its hunk (see
@@ -22,7 +22,8 @@ import tempfile
 from typing import List
 
 _FILE_DIFF = re.compile(r"^diff --git a/(?P<path>\S+) b/", re.M)
-WHOLE_FUNCTIONS = (".cpp",)
+# The compiled files of torch_overlay/series.py; init.cpp keeps the usual context.
+WHOLE_FUNCTIONS = ("/reducer.cpp", "/logger.cpp")
 
 
 def format_patch(tree: pathlib.Path, base_ref: str, out: pathlib.Path, *extra: str) -> List[pathlib.Path]:
@@ -58,7 +59,7 @@ def main() -> int:
     parser.add_argument(
         "--function-context",
         action="store_true",
-        help="show the functions that the .cpp diffs change whole (the series of a base with the API)",
+        help="show the functions that the reducer.cpp and logger.cpp diffs change whole (the series of a base with the API)",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -140,11 +140,11 @@ BASES: Dict[str, Base] = {
             # The CUDA of its default wheel (torch.version.cuda of torch 2.14.1 from PyPI).
             newest_cuda=(13, 0),
             submit_to="pytorch/pytorch, applied onto a checkout of its main branch (or a repository your team owns)",
-            # 0001-0005: the in-flight collectives of an interrupted pass and of one that
-            # failed in finalize_backward(), the bucket assignment and model check, the
+            # 0001-0006: the in-flight collectives of an interrupted pass and of one that
+            # failed in finalize_backward(), the model check and the bucket assignment, the
             # argument check, distributed_test.py's tests. Their hunks apply to the files
             # of the 2.11.0 wheel, the torch of the GPU machines (scripts/gpu-check).
-            fixes=5,
+            fixes=6,
             fixes_also_on=("2.11.0",),
         ),
     )

@@ -4,10 +4,11 @@
 // registered. The extension shares torch's pybind11 type registry, so Reducer,
 // Logger and ProcessGroup arguments convert exactly as they do in init.cpp.
 //
-// Invariant (checked by the series linter): the py::name()s here are the names
-// that the init.cpp hunks of the whole series bind and the bindings of the
-// functions the series changes (series.ReplacedFunction.binding), no more and
-// no fewer. On v2.1.2 all of them are new; on v2.14.1, _reset_state and
+// Invariant (checked by the series linter): the py::name()s here are, for
+// each base, the names that the init.cpp hunks of its whole series bind and
+// the bindings of the functions the series changes
+// (series.ReplacedFunction.binding), and no name that no series binds. On
+// v2.1.2 all of them are new; on v2.14.1, _reset_state and
 // _update_process_group replace the wheel's bindings of the old functions.
 // Each is compiled where the series at hand makes it, which overlay_renames.h
 // says with a TORCH_OVERLAY_BIND_<NAME> macro: a series cut short, such as a
@@ -30,6 +31,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   reducer.attr("_reset_state") = py::cpp_function(
       &::c10d::Reducer::reset_state,
       py::name("_reset_state"),
+      py::is_method(reducer),
+      py::call_guard<py::gil_scoped_release>());
+#endif
+#ifdef TORCH_OVERLAY_BIND_NEXT_ITERATION_RECORDS_STATIC_GRAPH
+  reducer.attr("_next_iteration_records_static_graph") = py::cpp_function(
+      &::c10d::Reducer::next_iteration_records_static_graph,
+      py::name("_next_iteration_records_static_graph"),
       py::is_method(reducer),
       py::call_guard<py::gil_scoped_release>());
 #endif

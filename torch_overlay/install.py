@@ -170,11 +170,16 @@ def additions_source(patches: series_mod.Series) -> str:
         "",
         "namespace c10d {",
     ]
+    # Constants first: the functions, replaced and added, may use them.
+    for fragment in (f for f in patches.fragments if f.declaration):
+        parts.append(f"// {fragment.patch}")
+        parts.append(f'#line {fragment.first_line} "{fragment.path}"')
+        parts.append(fragment.text.rstrip("\n"))
     for replaced in patches.replaced:
         parts.append(f"// replaces c10d::{replaced.name}")
         parts.append(f'#line {replaced.first_line} "{replaced.path}"')
         parts.append(replaced.text.rstrip("\n"))
-    for fragment in patches.fragments:
+    for fragment in (f for f in patches.fragments if not f.declaration):
         parts.append(f"// {fragment.patch}")
         parts.append(f'#line {fragment.first_line} "{fragment.path}"')
         parts.append(fragment.text.rstrip("\n"))

@@ -17,7 +17,9 @@ C++ sources. Every file in the series falls into exactly one of these roles:
   place of the old one (see :class:`ReplacedFunction`);
 * ``bound``: ``init.cpp``. The wheel's bindings cannot be rebuilt, so the
   overlay's hand-written ``bindings.cpp`` stands in for its hunks, and must bind
-  exactly the Reducer and Logger methods the hunks add, and the replaced ones;
+  exactly the Reducer and Logger methods the hunks add, and the replaced ones.
+  A hunk may change a binding of the base file only where it binds a function
+  that the series replaces, as ``bindings.cpp`` binds that one anew;
 * ``tests``: files under ``test/``, which this repository runs from its own
   ``test/`` directory.
 """
@@ -48,6 +50,8 @@ _DEF_OPEN = re.compile(r"^\s*\.def\(\s*$")
 _DEFINITION = re.compile(r"^[A-Za-z_][^;]*\b(?P<name>[A-Za-z_]\w*::~?[A-Za-z_]\w*)\(")
 # The closing brace of a function definition, at column 0.
 _DEFINITION_END = re.compile(r"^}\s*$")
+# The first line of a constant that a series adds at namespace scope.
+_CONSTANT = re.compile(r"^(static\s+)?constexpr\s")
 
 
 class SeriesError(Exception):
@@ -94,6 +98,7 @@ class Fragment:
     path: str
     first_line: int  # line number in the file that the whole series patches
     text: str
+    declaration: bool = False  # a constant at namespace scope, which functions may use
 
 
 @dataclasses.dataclass
@@ -189,6 +194,24 @@ def _check_replacement(
     return match.group("name")
 
 
+def _changed_binding(patch_name: str, patched_file: unidiff.PatchedFile, hunk: unidiff.Hunk, base_line_no: int) -> str:
+    """The name of the init.cpp binding (``.def(\n "_name",``) whose line ``base_line_no`` ``hunk`` removes."""
+    source = [line for line in hunk if not line.is_added]
+    at = next(i for i, line in enumerate(source) if line.source_line_no == base_line_no)
+    for i in range(at, 0, -1):
+        match = _DEF_NAME.match(source[i].value)
+        if match and _DEF_OPEN.match(source[i - 1].value):
+            return match.group("name")
+        if i < at and _DEF_OPEN.match(source[i].value):
+            break
+    raise SeriesError(
+        f"{patch_name}: a hunk at {patched_file.path}:{hunk.source_start} removes line {base_line_no}, "
+        "a line of the base file, outside a binding that it shows from its `.def(`. The overlay's "
+        "bindings.cpp stands in for init.cpp: the series may change a binding of the base file "
+        "only where it binds a function that the series replaces."
+    )
+
+
 def _apply_hunks(
     patch_name: str,
     patched_file: unidiff.PatchedFile,
@@ -200,8 +223,10 @@ def _apply_hunks(
 
     The base file is not at hand, so only the lines the hunks show are known. A
     hunk may remove lines that an earlier patch of the series added. It may
-    remove lines of the base file only where ``replaceable``, and only inside a
-    function that it shows whole; the names of those functions go into ``changed``.
+    remove lines of the base file only where ``replaceable``: in a compiled
+    file, only inside a function that it shows whole, and in init.cpp only
+    inside a binding; the names of those functions, or bindings, go into
+    ``changed``.
     """
     after: Dict[int, _KnownLine] = {}
     hunks = sorted(patched_file, key=lambda h: h.source_start)
@@ -218,7 +243,10 @@ def _apply_hunks(
                 assert line.source_line_no is not None  # removed lines have one
                 removed = known.get(line.source_line_no)
                 if removed is None or removed.patch is None:
-                    name = _check_replacement(patch_name, patched_file, hunk, replaceable, line.source_line_no)
+                    if replaceable and _target_path(patched_file) == INIT_CPP:
+                        name = _changed_binding(patch_name, patched_file, hunk, line.source_line_no)
+                    else:
+                        name = _check_replacement(patch_name, patched_file, hunk, replaceable, line.source_line_no)
                     changed.add(name)
             elif line.is_added:
                 assert line.target_line_no is not None  # added lines have one
@@ -292,6 +320,16 @@ def _whole_changes(
                 replaced.append(ReplacedFunction(path, match.group("name"), run[first], text))
             else:
                 added.append(Fragment(patch=patches[0], path=path, first_line=run[first], text=text))
+    constants: List[Fragment] = []
+    for n, line in sorted(known.items()):
+        if line.patch and n not in taken and _CONSTANT.match(line.text):
+            end = n
+            while not known[end].text.rstrip().endswith(";") and known.get(end + 1, line).patch == line.patch:
+                end += 1
+            text = "".join(known[k].text for k in range(n, end + 1))
+            if text.rstrip().endswith(";"):
+                taken.update(range(n, end + 1))
+                constants.append(Fragment(line.patch, path, n, text, declaration=True))
     for n, line in sorted(known.items()):
         if line.patch and n not in taken and line.text.strip() and not line.text.lstrip().startswith("//"):
             raise SeriesError(
@@ -300,7 +338,7 @@ def _whole_changes(
                 "whole: make the series' .cpp diffs with git format-patch --function-context "
                 "(tools/format_series.py does)."
             )
-    return replaced, added
+    return replaced, constants + added
 
 
 def _bound_methods(patched_file: unidiff.PatchedFile) -> List[str]:
@@ -370,6 +408,13 @@ def read_series(
             fragments += path_added
         else:
             fragments += _fragments(path, known[path])
+    rebound = changed[INIT_CPP] - {r.binding for r in replaced}
+    if rebound:
+        raise SeriesError(
+            f"the series changes the init.cpp bindings {', '.join(sorted(rebound))}, which bind no "
+            "function that it replaces. The overlay's bindings.cpp stands in for init.cpp and "
+            "cannot carry a changed binding of a function that stays libtorch's."
+        )
     base_lines = {
         path: {k.base_line: k.text for k in lines.values() if k.base_line is not None}
         for path, lines in known.items()

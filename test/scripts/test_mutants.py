@@ -1,5 +1,7 @@
 """scripts/mutants' own logic: where a mutant's replacements land, and that every mutant fits the series."""
 
+import re
+
 import pytest
 
 from conftest import load_script, REPO
@@ -50,8 +52,19 @@ def test_every_mutant_fits_the_series(base, mutant):
     for old, _ in mutant["replace"]:
         assert added.count("+" + old) == 1, f"{patch[0].name} does not add {old!r} exactly once"
     # A later patch that removes the line would take the mutant away before the tests run.
-    for later in sorted(base.patches(REPO).glob("*.patch")):
-        if later.name[:4] > mutant["patch"]:
-            lines = later.read_text().split("\n")
-            for old, _ in mutant["replace"]:
-                assert "-" + old not in lines, f"{later.name} removes {old!r}, and the mutant with it"
+    # One that adds the same line again makes the later patches' context ambiguous: the
+    # mutant would reach both lines there, and the series would no longer apply.
+    for other in sorted(base.patches(REPO).glob("*.patch")):
+        lines = other.read_text().split("\n")
+        for old, _ in mutant["replace"]:
+            if other.name[:4] > mutant["patch"]:
+                assert "-" + old not in lines, f"{other.name} removes {old!r}, and the mutant with it"
+            if other.name[:4] != mutant["patch"]:
+                assert "+" + old not in lines, f"{other.name} adds {old!r} too"
+
+
+def test_ci_runs_only_known_mutants():
+    # .ci/run names the mutants of the fixes; a name that the file lost would stop CI.
+    names = re.search(r'FIX_MUTANTS="([^"]+)"', (REPO / ".ci" / "run").read_text()).group(1).split()
+    known = {m["name"] for m in mutants.load(mutants.MUTANTS / "v2.14.1.toml")}
+    assert names and sorted(set(names) - known) == []
