@@ -115,6 +115,18 @@ def check(ddp, step, ranks):
     return max((p.grad - w).abs().max().item() for p, w in zip(ddp.module.parameters(), want))
 
 
+def recover_and_step(ddp, old, rank):
+    """Moves ``ddp`` to a new group of both ranks and trains step 1, while ``old`` holds
+    the failed pass's allreduces back until this step's last gradient arrives; returns
+    the largest error of a gradient (see :func:`check`)."""
+    ddp._update_process_group(dist.new_group([0, 1]))
+    ddp.zero_grad(set_to_none=True)
+    handle = ddp.module[0].weight.register_hook(lambda grad: old.release())
+    ddp(batch(rank, 1)).pow(2).sum().backward()
+    handle.remove()
+    return check(ddp, 1, [0, 1])
+
+
 def _rank(rank, body, init_file, results):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
-from common import batch, check, HeldGroup, main
+from common import HeldGroup, main, recover_and_step
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -30,13 +30,7 @@ def body(rank):
         ddp(torch.ones(4, 6)).sum().backward()
     except RuntimeError:
         pass  # finalize_backward() raised; the other buckets' allreduces are in flight
-    ddp._update_process_group(dist.new_group([0, 1]))
-    ddp.zero_grad(set_to_none=True)
-    # The late allreduces land once this step's last gradient arrives.
-    handle = ddp.module[0].weight.register_hook(lambda grad: old.release())
-    ddp(batch(rank, 1)).pow(2).sum().backward()
-    handle.remove()
-    return check(ddp, 1, [0, 1])
+    return recover_and_step(ddp, old, rank)
 
 
 if __name__ == "__main__":

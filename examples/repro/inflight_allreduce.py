@@ -10,7 +10,7 @@ next step's gradients are wrong on every rank, without an error.
 
 import torch
 import torch.distributed as dist
-from common import batch, check, HeldGroup, main, RaiseInBackward
+from common import HeldGroup, main, RaiseInBackward, recover_and_step
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -22,13 +22,7 @@ def body(rank):
         ddp(RaiseInBackward.apply(torch.ones(4, 6, requires_grad=True))).sum().backward()
     except RuntimeError:
         pass  # the backward pass raised; its allreduce is in flight
-    ddp._update_process_group(dist.new_group([0, 1]))
-    ddp.zero_grad(set_to_none=True)
-    # The late allreduce lands once this step's last gradient arrives.
-    handle = ddp.module[0].weight.register_hook(lambda grad: old.release())
-    ddp(batch(rank, 1)).pow(2).sum().backward()
-    handle.remove()
-    return check(ddp, 1, [0, 1])
+    return recover_and_step(ddp, old, rank)
 
 
 if __name__ == "__main__":

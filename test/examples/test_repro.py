@@ -42,3 +42,10 @@ def test_reproduction(script):
     else:
         assert result.returncode == 1, result.stdout + result.stderr[-3000:]
         assert "WRONG: the gradients are not the average over the ranks" in result.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS + ("common.py",))
+def test_issue_texts_paste_the_scripts_as_they_are(script):
+    # docs/upstream-issues.md pastes each script whole, for the issue to stand alone.
+    text = (REPO / "docs" / "upstream-issues.md").read_text()
+    assert f"```python\n{(REPRO / script).read_text()}```" in text
