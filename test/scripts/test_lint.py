@@ -78,6 +78,9 @@ def test_scope(tmp_path, monkeypatch):
     # The reducer's caller follows a change of the reducer in the same commit.
     patch, text = fake(tmp_path, path="torch/nn/parallel/distributed.py")
     assert patch_series.lint_scope(patch, text, unidiff.PatchSet(text)) == []
+    # So does c10d's Python front end, where _reconfigure() counts.
+    patch, text = fake(tmp_path, path="torch/distributed/distributed_c10d.py")
+    assert patch_series.lint_scope(patch, text, unidiff.PatchSet(text)) == []
     patch, text = fake(tmp_path, subject="[DDP] Add a thing", path="torch/csrc/distributed/c10d/reducer.cpp")
     assert patch_series.lint_scope(patch, text, unidiff.PatchSet(text)) == []
     patch, text = fake(tmp_path, subject="[DDP] Test a thing", path="torch/nn/parallel/distributed.py")

@@ -52,7 +52,8 @@ PYTORCH_TRAILERS = ("Fixes", "Co-authored-by")
 SUBJECT = re.compile(r"^\[PATCH(?: \d+/\d+)?\] \[(?P<area>[^\]]+)\] (?P<title>\S.*)$")
 # What each subject area may touch. A "[DDP] Test ..." patch holds tests only; a
 # [DDP] change may reach into the reducer it runs on, and brings its tests along.
-C10D = ("torch/csrc/distributed/c10d/", "torch/_C/_distributed_c10d.pyi")
+# c10d: its C++, its bindings' stub, and its Python front end.
+C10D = ("torch/csrc/distributed/c10d/", "torch/_C/_distributed_c10d.pyi", "torch/distributed/distributed_c10d.py")
 # Upstream's own distributed tests live in torch.testing._internal.distributed.
 TESTS = ("test/distributed/", "torch/testing/_internal/distributed/")
 SCOPES: Dict[str, Tuple[str, ...]] = {

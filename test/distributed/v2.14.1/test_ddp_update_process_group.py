@@ -324,6 +324,78 @@ class _HeldGroup(dist.ProcessGroup):
         self.held = pending
 
 
+def _reconfigure(key, members, uuid):
+    """Reconfigures the default group in place to ``members``, in that order.
+
+    Each member calls it with its own ``key``; the handles go through the
+    default group's store.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"reconfigure/{uuid}/{key}", dist._get_reconfigure_handle())
+    handles = [store.get(f"reconfigure/{uuid}/{m}").decode() for m in members]
+    dist._reconfigure(uuid=uuid, handles=handles).wait()
+
+
+def _flat_state(module, optimizer):
+    """The parameters and the optimizer's state of ``module``, as one tensor."""
+    tensors = [p.detach() for p in module.parameters()]
+    tensors += [optimizer.state[p]["momentum_buffer"] for p in module.parameters()]
+    return torch.cat([t.flatten() for t in tensors])
+
+
+def _join_as_a_new_process(file_name, world_size, members, replaces):
+    """A process started after the others, which joins them through a reconfigure.
+
+    This is how it builds its module: on the default group reconfigured to
+    itself alone, where the constructor's collectives have no peer to wait
+    for, with an optimizer and a compiled module; then it reconfigures that
+    group with ``members``, as they do, and takes their parameters, buffers and
+    optimizer state. It trains on the batches of the rank it ``replaces``.
+    See test_reconfigure_a_new_process_replaces_a_dead_one.
+    """
+    # The members' store: its file outlives them, as the dead one never closes
+    # it. The rank only names this process in its reconfigure handles: Gloo
+    # connects to no peer until the group is reconfigured.
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(file_name, world_size),
+        rank=world_size,
+        world_size=world_size + 1,
+        timeout=timedelta(seconds=10),
+        enable_reconfigure=True,
+    )
+    group = dist.group.WORLD
+    _reconfigure("new", ["new"], uuid=100)
+    torch.manual_seed(1)  # other parameters than the members'
+    ddp = DistributedDataParallel(Net())
+    torch._dynamo.reset()
+    cnt = torch._dynamo.testing.CompileCounter()
+    model = torch.compile(ddp, backend=cnt)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    _loss(model(_sample(replaces, 0, "cpu"))).backward()
+    optimizer.step()
+    frames = cnt.frame_count
+    assert frames > 0, "the counter missed the first compile"
+
+    _reconfigure("new", members, uuid=2)
+    ddp._update_process_group(group, sync_module_states=True, src=0)
+    state = [optimizer.state_dict()]
+    dist.broadcast_object_list(state, src=0)
+    optimizer.load_state_dict(state[0])
+    # As _assert_identical does on the members.
+    flat = _flat_state(ddp.module, optimizer)
+    gathered = [torch.zeros_like(flat) for _ in members]
+    dist.all_gather(gathered, flat)
+    for step in (3, 4):
+        ddp.zero_grad(set_to_none=True)
+        _loss(model(_sample(replaces, step, "cpu"))).backward()
+        optimizer.step()
+    flat = _flat_state(ddp.module, optimizer)
+    dist.all_gather(gathered, flat)
+    assert cnt.frame_count == frames, "joining recompiled"
+    dist.destroy_process_group()
+
+
 def _reversed_buckets(sizes, indices):
     """For ``_edit_assignment``: rank 0's buckets in the reverse order."""
     buckets, start = [], 0
@@ -2095,6 +2167,223 @@ them.""",
                     )
                 optimizer.step()
         self._step(ddp, members, 4)
+
+    # A process group reconfigured in place (torch.distributed._reconfigure)
+
+    def _init_reconfigurable_group(self):
+        """The default group, made to be reconfigured in place, on every rank.
+
+        A rank whose collective waits on a survivor while a peer is gone
+        fails once the group times out.
+        """
+        if self.backend != "gloo" or self.device.type != "cpu":
+            self.skipTest(
+                "in-place reconfiguration is tested on Gloo with CPU tensors; "
+                "NCCL's needs the nccl2 backend"
+            )
+        dist.init_process_group(
+            self.backend,
+            store=dist.FileStore(self.file_name, self.world_size),
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=10),
+            enable_reconfigure=True,
+        )
+        self._reconfigure(list(range(self.world_size)), uuid=0)
+        return dist.group.WORLD
+
+    def _reconfigure(self, members, uuid):
+        _reconfigure(self.rank, members, uuid)
+
+    def test_reconfigure_is_counted(self):
+        group = self._init_reconfigurable_group()
+        count = dist.distributed_c10d._get_reconfigure_count
+        total = dist.distributed_c10d._reconfigure_total
+        self.assertEqual(count(group), 1)
+        self.assertEqual(count(), 1)
+        self._reconfigure(list(reversed(range(self.world_size))), uuid=1)
+        self.assertEqual(count(group), 2)
+        self.assertEqual(dist.distributed_c10d._reconfigure_total, total + 1)
+        self.assertEqual(group.rank(), self.world_size - 1 - self.rank)
+        # A call that fails counts: it may have changed the group part way.
+        handle = dist._get_reconfigure_handle()
+        with self.assertRaisesRegex(RuntimeError, "unique"):
+            dist._reconfigure(uuid=2, handles=[handle, handle])
+        self.assertEqual(count(group), 3)
+        self.assertEqual(dist.distributed_c10d._reconfigure_total, total + 2)
+        self._reconfigure(list(range(self.world_size)), uuid=3)
+        self.assertEqual(count(group), 4)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(t.item(), self.world_size)
+
+    def _assert_refuses_reconfigured_group(self, model, step, had, has):
+        """The forward pass raises every time, before it reaches the module."""
+        x = _sample(self.rank, step, self.device)
+        for _ in range(2):
+            with mock.patch.object(Net, "forward") as forward:
+                with self.assertRaisesRegex(
+                    RuntimeError,
+                    rf"reconfigured in place .* it had {had} ranks then, and has {has} "
+                    r"now\. Call _update_process_group\(process_group\)",
+                ):
+                    model(x)
+            forward.assert_not_called()
+
+    def _assert_follows_reconfigured_group(self, ddp, group, size):
+        ddp._update_process_group(group)
+        self.assertIs(ddp.process_group, group)
+        self.assertEqual(ddp._get_ddp_logging_data()["world_size"], size)
+        self.assertEqual(ddp._get_ddp_logging_data()["rank"], group.rank())
+
+    @parametrize("gradient_as_bucket_view", [False, True])
+    @parametrize("forward_first", [False, True])
+    # For the compiler too (DDPOptimizer splits graphs at the buckets).
+    @mock.patch.object(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 100)
+    def test_reconfigure_after_a_peer_died_in_backward(
+        self, gradient_as_bucket_view, forward_first
+    ):
+        group = self._init_reconfigurable_group()
+        ddp = self._ddp_with_several_buckets(
+            gradient_as_bucket_view=gradient_as_bucket_view
+        )
+        cnt = self._compile_counter()
+        model = torch.compile(ddp, backend=cnt)
+        everyone = list(range(self.world_size))
+        survivors = everyone[:-1]
+        self._step(ddp, everyone, 0, model=model)
+        frames = cnt.frame_count
+        self.assertGreater(frames, 0, msg="the counter missed the first compile")
+        if self.rank == everyone[-1]:
+            # fc1's gradient comes last: the other buckets' allreduces have
+            # started on this rank when it dies.
+            ddp.module.fc1.weight.register_hook(lambda grad: os._exit(0))
+        # Gloo's error: the peer closed the connection, or the group timed out.
+        with self.assertRaises(RuntimeError):
+            _loss(model(_sample(self.rank, 1, self.device))).backward()
+        self._reconfigure(survivors, uuid=1)
+        if forward_first:
+            self._assert_refuses_reconfigured_group(
+                model, 2, had=self.world_size, has=len(survivors)
+            )
+        self._assert_follows_reconfigured_group(ddp, group, len(survivors))
+        for step in range(2, 5):
+            self._step(ddp, survivors, step, model=model)
+        self.assertEqual(cnt.frame_count, frames, msg="reconfiguring recompiled")
+
+    @parametrize("gradient_as_bucket_view", [False, True])
+    def test_reconfigure_when_a_rank_leaves_between_steps(
+        self, gradient_as_bucket_view
+    ):
+        group = self._init_reconfigurable_group()
+        ddp = self._ddp(gradient_as_bucket_view=gradient_as_bucket_view)
+        everyone = list(range(self.world_size))
+        stay = everyone[1:]
+        self._step(ddp, everyone, 0)
+        if self.rank not in stay:
+            return
+        # Rank 0 of the group left: the others are renumbered.
+        self._reconfigure(stay, uuid=1)
+        self._assert_refuses_reconfigured_group(
+            ddp, 1, had=self.world_size, has=len(stay)
+        )
+        self._assert_follows_reconfigured_group(ddp, group, len(stay))
+        for step in range(1, 4):
+            self._step(ddp, stay, step)
+
+    @parametrize("order", ["same", "reversed"])
+    def test_reconfigure_with_the_same_members(self, order):
+        group = self._init_reconfigurable_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        members = everyone if order == "same" else everyone[::-1]
+        self._reconfigure(members, uuid=1)
+        self._assert_refuses_reconfigured_group(
+            ddp, 1, had=self.world_size, has=len(members)
+        )
+        self._assert_follows_reconfigured_group(ddp, group, len(members))
+        for step in range(1, 3):
+            self._step(ddp, members, step)
+
+    def test_reconfigure_a_new_process_replaces_a_dead_one(self):
+        group = self._init_reconfigurable_group()
+        everyone = list(range(self.world_size))
+        dead = everyone[-1]
+        survivors = everyone[:-1]
+        if self.rank == 0:
+            new_process = torch.multiprocessing.get_context("spawn").Process(
+                target=_join_as_a_new_process,
+                args=(self.file_name, self.world_size, survivors + ["new"], dead),
+                daemon=True,  # ends with this rank, should it hang
+            )
+            new_process.start()
+        ddp = self._ddp()
+        cnt = self._compile_counter()
+        model = torch.compile(ddp, backend=cnt)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        self._step(ddp, everyone, 0, model=model, optimizer=optimizer)
+        frames = cnt.frame_count
+        self.assertGreater(frames, 0, msg="the counter missed the first compile")
+        if self.rank == dead:
+            ddp.module.fc1.weight.register_hook(lambda grad: os._exit(0))
+        # Gloo's error: the peer closed the connection, or the group timed out.
+        with self.assertRaises(RuntimeError):
+            _loss(model(_sample(self.rank, 1, self.device))).backward()
+        self._reconfigure(survivors, uuid=1)
+        ddp._update_process_group(group)
+        optimizer.zero_grad(set_to_none=True)
+        self._step(ddp, survivors, 2, model=model, optimizer=optimizer)
+
+        # Between steps, the new process joins in the dead one's place.
+        self._reconfigure(survivors + ["new"], uuid=2)
+        self._assert_refuses_reconfigured_group(
+            model, 3, had=len(survivors), has=self.world_size
+        )
+        ddp._update_process_group(group, sync_module_states=True, src=0)
+        state = [optimizer.state_dict()]
+        dist.broadcast_object_list(state, src=0)
+        optimizer.load_state_dict(state[0])
+        self._assert_identical([_flat_state(ddp.module, optimizer)], group, everyone)
+        for step in (3, 4):
+            self._step(ddp, everyone, step, model=model, optimizer=optimizer)
+        self._assert_identical([_flat_state(ddp.module, optimizer)], group, everyone)
+        self.assertEqual(cnt.frame_count, frames, msg="reconfiguring recompiled")
+        if self.rank == 0:
+            new_process.join(timeout=60)
+            self.assertEqual(new_process.exitcode, 0, msg="the new process failed")
+
+    def test_reconfigure_of_another_group_is_not_refused(self):
+        self._init_reconfigurable_group()
+        ddp = self._ddp(process_group=dist.new_group(backend="gloo"))
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        self._reconfigure(everyone, uuid=1)
+        for step in range(1, 3):
+            self._step(ddp, everyone, step)
+        # Back to one comparison a step.
+        self.assertEqual(
+            ddp._reconfigure_total_seen, dist.distributed_c10d._reconfigure_total
+        )
+
+    def test_reconfigure_with_delayed_allreduce_says_what_to_do(self):
+        group = self._init_reconfigurable_group()
+        torch.manual_seed(0)
+        module = Net().to(self.device)
+        ddp = DistributedDataParallel(
+            module,
+            delay_all_reduce_named_params=[
+                (n, p) for n, p in module.named_parameters() if n.startswith("fc3.")
+            ],
+            param_to_hook_all_reduce=module.fc1.weight,
+        )
+        self._reconfigure(list(range(self.world_size)), uuid=1)
+        with self.assertRaisesRegex(
+            RuntimeError,
+            r"Construct DistributedDataParallel again on the reconfigured group",
+        ):
+            ddp(_sample(self.rank, 0, self.device))
+        self.assertIs(ddp.process_group, group)
 
 
 @instantiate_parametrized_tests
