@@ -1,12 +1,15 @@
 """What the reproductions in this folder share: ranks to run them on, and a held collective.
 
-Each reproduction runs on 2 Gloo ranks on this machine's CPU, checks a gradient of
-DistributedDataParallel against what a local copy of the module computes, prints what
-each rank saw, and exits 1 if a rank saw a wrong result, 0 if none did.
+Each reproduction runs on Gloo ranks on this machine's CPU (2 unless it says otherwise),
+checks a gradient of DistributedDataParallel against what a local copy of the module
+computes, prints what each rank saw, and exits 1 if a rank saw a wrong result, 0 if none
+did.
 """
 
 import copy
+import datetime
 import os
+import signal
 import sys
 import tempfile
 
@@ -16,6 +19,7 @@ import torch.multiprocessing as mp
 from torch._C._distributed_c10d import _create_work_from_future
 
 WORLD_SIZE = 2
+_results = None  # main()'s queue, in a rank
 
 
 class HeldGroup(dist.ProcessGroup):
@@ -127,8 +131,34 @@ def recover_and_step(ddp, old, rank):
     return check(ddp, 1, [0, 1])
 
 
-def _rank(rank, body, init_file, results):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
+def reconfigure(members, uuid):
+    """Reconfigures the default group in place to ``members`` (ranks of the group as it
+    was first reconfigured), on each of them, exchanging handles through the store."""
+    store = dist.distributed_c10d._get_default_store()
+    rank = int(os.environ["REPRO_RANK"])
+    store.set(f"reconfigure/{uuid}/{rank}", dist._get_reconfigure_handle())
+    handles = [store.get(f"reconfigure/{uuid}/{member}").decode() for member in members]
+    dist._reconfigure(uuid=uuid, handles=handles).wait()
+
+
+def die(rank):
+    """Ends this rank as a killed process ends, after telling main() it did."""
+    _results.put((rank, None))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _rank(rank, body, init_file, results, world_size, in_place):
+    global _results
+    _results = results
+    os.environ["REPRO_RANK"] = str(rank)
+    # A group to reconfigure in place (torch 2.14), where a rank whose collective waits on
+    # a survivor while a peer is gone fails once the group times out.
+    in_place_options = dict(timeout=datetime.timedelta(seconds=10), enable_reconfigure=True) if in_place else {}
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size, **in_place_options
+    )
+    if in_place:
+        reconfigure(list(range(world_size)), uuid=0)
     torch.manual_seed(0)
     try:
         results.put((rank, body(rank)))
@@ -136,17 +166,32 @@ def _rank(rank, body, init_file, results):
         dist.destroy_process_group()
 
 
-def main(title, body):
-    """Runs ``body(rank)`` on every rank; it returns the largest gradient error it saw."""
+def main(title, body, world_size=WORLD_SIZE, in_place=False):
+    """Runs ``body(rank)`` on every rank; it returns the largest gradient error it saw.
+
+    With ``in_place``, the default group can be reconfigured in place (see
+    :func:`reconfigure`). ``body`` may end its rank with :func:`die`.
+    """
     print(f"torch {torch.__version__}: {title}")
     with tempfile.TemporaryDirectory() as tmp:
         context = mp.get_context("spawn")
         results = context.SimpleQueue()
-        mp.start_processes(_rank, args=(body, os.path.join(tmp, "init"), results), nprocs=WORLD_SIZE,
-                           start_method="spawn")
-        errors = dict(results.get() for _ in range(WORLD_SIZE))
+        ranks = mp.start_processes(
+            _rank,
+            args=(body, os.path.join(tmp, "init"), results, world_size, in_place),
+            nprocs=world_size,
+            start_method="spawn",
+            join=False,
+        )
+        reported = dict(results.get() for _ in range(world_size))
+        for process in ranks.processes:
+            process.join()
+    errors = {rank: error for rank, error in reported.items() if error is not None}
     wrong = {rank: error for rank, error in sorted(errors.items()) if error > 1e-4}
-    for rank, error in sorted(errors.items()):
-        print(f"  rank {rank}: largest error of a gradient in the step after recovering: {error:.3g}")
+    for rank, error in sorted(reported.items()):
+        if error is None:
+            print(f"  rank {rank}: killed")
+        else:
+            print(f"  rank {rank}: largest error of a gradient in the step after recovering: {error:.3g}")
     print("WRONG: the gradients are not the average over the ranks" if wrong else "ok: the gradients are right")
     sys.exit(1 if wrong else 0)

@@ -16,7 +16,7 @@ from torch_overlay import bases
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 REPRO = REPO / "examples" / "repro"
-SCRIPTS = ("inflight_allreduce.py", "finalize_backward_failure.py", "bucket_assignment.py")
+SCRIPTS = ("inflight_allreduce.py", "finalize_backward_failure.py", "bucket_assignment.py", "reconfigure_in_place.py")
 
 
 def overlay_installed() -> bool:
@@ -32,6 +32,8 @@ def overlay_installed() -> bool:
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_reproduction(script):
+    if script == "reconfigure_in_place.py" and not hasattr(torch.distributed, "_reconfigure"):
+        pytest.skip(f"torch {torch.__version__} cannot reconfigure a group in place (2.14 can)")
     series = overlay_installed()
     if not series and not hasattr(DistributedDataParallel, "_update_process_group"):
         pytest.skip(f"stock torch {torch.__version__} has no _update_process_group to reproduce a bug of")
