@@ -19,6 +19,12 @@ Every step, every member checks that the parameters are bitwise identical on all
 digest, all-gathered), that nothing was compiled again, and the launcher checks at the end
 that no step that a member completed was lost.
 
+With --reconfigure (Gloo, torch 2.14 or later), each worker has one process group for its
+whole life: made with enable_reconfigure=True and reconfigured in place to itself alone to
+wrap and compile, then reconfigured in place (torch.distributed._reconfigure) to each
+generation's members, and passed to _update_process_group as it is; nothing is destroyed
+or initialized again.
+
 With --backend nccl, each worker trains on a GPU of its own, and DDP reduces over NCCL; the
 digests and the optimizer state still go over Gloo, as the group has both ("cpu:gloo,cuda:nccl").
 An NCCL collective whose peer died does not fail: the backward pass returns, and the step's
@@ -28,6 +34,7 @@ generation it aborts the old group's NCCL communicators, which ends those kernel
 watchdog's error handling off (set for the workers unless the environment sets it).
 
     python examples/elastic_ddp.py --workers 4 --steps 30 --kill 3:8:backward --rejoin 14
+    python examples/elastic_ddp.py --reconfigure --workers 4 --steps 30 --kill 3:8:backward --rejoin 14
     python examples/elastic_ddp.py --backend nccl --workers 2 --steps 30 --kill 1:8:backward --rejoin 14
 
 Run it in the overlay venv (scripts/overlay install), or on a torch that has the series.
@@ -62,6 +69,9 @@ EXIT_NOT_ADMITTED = 3
 EXIT_STORE_GONE = 4
 HEARTBEAT_S = 0.5
 STORE_TIMEOUT_S = 30.0
+# With --reconfigure, the uuid of the reconfigure that gives worker UID a group of its own is
+# SOLO_UUID + UID; each generation's is its number.
+SOLO_UUID = 1 << 30
 
 
 class TinyTransformer(nn.Module):
@@ -182,6 +192,15 @@ def nccl_error_handling_off() -> Dict[str, str]:
     return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
 
 
+def reconfigure(store, uid: int, members: List[int], uuid: int, timeout_s: float) -> None:
+    """Reconfigures the default group in place to ``members``, in that order; the handles go
+    through the store. A member that does not publish its handle in time fails the call, as a
+    collective with a dead peer does."""
+    store.set(f"handle/{uuid}/{uid}", dist._get_reconfigure_handle())
+    handles = [store.get(f"handle/{uuid}/{member}").decode() for member in members]
+    dist._reconfigure(uuid=uuid, handles=handles, timeout=datetime.timedelta(seconds=timeout_s)).wait()
+
+
 def wait_for_plan(store, uid: int, generation: int, deadline_s: float) -> Plan:
     """Waits until the launcher publishes generation ``generation`` or a later one."""
     deadline = time.monotonic() + deadline_s
@@ -272,9 +291,24 @@ def train(args, store) -> int:
         device = torch.device("cuda", args.gpu)
         torch.cuda.set_device(device)
     model = TinyTransformer().to(device)
-    dist.init_process_group(
-        group_backend(args), store=dist.PrefixStore(f"solo/{uid}", store), rank=0, world_size=1
-    )
+    if args.reconfigure:
+        # The rank names this process in its reconfigure handles; the group's peers are the
+        # ones each reconfigure gives it.
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore("pg", store),
+            rank=uid,
+            world_size=uid + 1,
+            timeout=datetime.timedelta(seconds=args.timeout),
+            enable_reconfigure=True,
+        )
+        reconfigure(store, uid, [uid], SOLO_UUID + uid, args.timeout)
+    else:
+        dist.init_process_group(
+            group_backend(args), store=dist.PrefixStore(f"solo/{uid}", store), rank=0, world_size=1
+        )
+    store_op(store.add, f"inits/{uid}", 1)
+    group = dist.group.WORLD
     ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     compiled = torch.compile(ddp, backend=args.compile_backend)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
@@ -293,15 +327,20 @@ def train(args, store) -> int:
         src = plan.members.index(plan.src)
         step = plan.step
         try:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            dist.init_process_group(
-                group_backend(args),
-                store=dist.PrefixStore(f"pg/{plan.generation}", store),
-                rank=rank,
-                world_size=world_size,
-                timeout=datetime.timedelta(seconds=args.timeout),
-            )
+            if args.reconfigure:
+                reconfigure(store, uid, plan.members, plan.generation, args.timeout)
+                assert dist.group.WORLD is group, "the process group is not the one of the whole run"
+            else:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                dist.init_process_group(
+                    group_backend(args),
+                    store=dist.PrefixStore(f"pg/{plan.generation}", store),
+                    rank=rank,
+                    world_size=world_size,
+                    timeout=datetime.timedelta(seconds=args.timeout),
+                )
+                store_op(store.add, f"inits/{uid}", 1)
             ddp._update_process_group(dist.group.WORLD, sync_module_states=True, src=src)
             # On the CPU: CUDA tensors would be unpickled onto the sender's GPU.
             state = [tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, optimizer.state_dict())]
@@ -351,6 +390,8 @@ def train(args, store) -> int:
             else:
                 return 0
         except RuntimeError as e:  # a collective failed: Gloo's error, the group's timeout, or wait_for_gpu()
+            if "reconfigured in place" in str(e):
+                raise  # DDP's refusal: this loop forgot _update_process_group, a bug, not a fault
             print(f"[worker {uid}] a collective of step {step} failed: {str(e).splitlines()[0][:120]}", flush=True)
             if args.backend == "nccl" and dist.is_initialized():
                 try:
@@ -580,6 +621,8 @@ class Launcher:
         recompiles = sum(counter(self.store, f"recompiles/{u}") for u in self.procs)
         diverged = sum(counter(self.store, f"diverged/{u}") for u in self.procs)
         print("[launcher] " + "\n[launcher] ".join(self.summary), flush=True)
+        inits = {u: counter(self.store, f"inits/{u}") for u in self.procs}
+        print(f"[launcher] process groups initialized by each worker: {inits}", flush=True)
         print(
             f"[launcher] faults survived {self.faults}, steps lost {self.steps_lost}, recompiles "
             f"{recompiles}, parameter divergences {diverged}; last step completed {final} of "
@@ -630,6 +673,9 @@ def main() -> int:
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                         help="what DDP reduces over: gloo on CPU, or nccl with a GPU for each worker "
                         "(default: gloo)")
+    parser.add_argument("--reconfigure", action="store_true",
+                        help="keep one process group for the whole run, and reconfigure it in place for "
+                        "each generation (Gloo; torch 2.14 or later)")
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default: inductor)")
     parser.add_argument("--timeout", type=float, default=10.0, help="the process groups' timeout, seconds")
     parser.add_argument("--join-timeout", type=float, default=300.0, help="how long a worker waits to be admitted")
@@ -646,6 +692,11 @@ def main() -> int:
     parser.add_argument("--worker", dest="uid", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gpu", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.reconfigure and (args.backend != "gloo" or not hasattr(dist, "_reconfigure")):
+        parser.error(
+            f"--reconfigure needs --backend gloo and a torch with torch.distributed._reconfigure "
+            f"(2.14 or later); this is --backend {args.backend} on torch {torch.__version__}"
+        )
     if args.backend == "nccl" and torch.cuda.device_count() < args.workers:
         parser.error(
             f"--backend nccl needs a GPU for each of the {args.workers} workers; "

@@ -50,6 +50,30 @@ def test_killed_rank_then_a_new_one(phase, resume):
     assert re.search(r"grow; members \[0, 1, 3\], state from [01], from step \d+", out), out[-3000:]
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.distributed, "_reconfigure"), reason="in-place reconfiguration: needs torch 2.14 or later"
+)
+def test_reconfigure_killed_rank_then_a_new_one():
+    # One process group per worker for the whole run, reconfigured in place for each generation.
+    rc, out = launch(
+        "--reconfigure", "--workers", "3", "--steps", "28", "--kill", "2:4:backward", "--rejoin", "7",
+        "--step-time", "0.5",
+    )
+    assert rc == 0, out[-3000:]
+    assert summary(out) == (1, 0, 0, 0, 27, 27)
+    assert "lost [2]; members [0, 1], state from 0, from step 4" in out
+    assert re.search(r"grow; members \[0, 1, 3\], state from [01], from step \d+", out), out[-3000:]
+    assert "process groups initialized by each worker: {0: 1, 1: 1, 2: 1, 3: 1}" in out
+
+
+def test_reconfigure_needs_gloo():
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--reconfigure", "--backend", "nccl"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "--reconfigure needs --backend gloo and a torch with torch.distributed._reconfigure" in result.stderr
+
+
 def test_random_kills_and_rejoins():
     # Half a second a step leaves the new workers time to start and compile before the end.
     rc, out = launch("--workers", "4", "--steps", "30", "--chaos", "2", "--seed", "0", "--step-time", "0.5")
