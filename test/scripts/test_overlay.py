@@ -213,8 +213,8 @@ def test_init_cpp_may_not_change_lines_outside_a_binding(tmp_path, site):
 def test_v2_14_series_roles(tmp_path):
     # The files the v2.14.1 wheel ships, as placeholders: roles depend only on which exist.
     site = tmp_path / "site-packages"
-    for path in ("torch/nn/parallel/distributed.py", "torch/_C/_distributed_c10d.pyi",
-                 "torch/testing/_internal/distributed/distributed_test.py"):
+    for path in ("torch/nn/parallel/distributed.py", "torch/distributed/distributed_c10d.py",
+                 "torch/_C/_distributed_c10d.pyi", "torch/testing/_internal/distributed/distributed_test.py"):
         (site / path).parent.mkdir(parents=True, exist_ok=True)
         (site / path).write_text("")
     for header in ("reducer.hpp", "logger.hpp"):
@@ -233,6 +233,8 @@ def test_v2_14_series_roles(tmp_path):
     # A namespace-scope constant comes first, before the functions that use it.
     assert s.fragments[0].declaration and s.fragments[0].text.startswith("constexpr const char* kKeepsPreviousGroup")
     assert "torch/testing/_internal/distributed/distributed_test.py" in s.applied
+    # 0023 counts reconfigures in c10d's Python front end, which the wheel ships.
+    assert "torch/distributed/distributed_c10d.py" in s.applied
     # Its fixes alone: the first patches, which change the two functions and bind nothing new.
     fixes = series.read_series(upstream.patches(REPO), site, replaceable=True, count=upstream.fixes)
     assert [p.name[:4] for p in fixes.patches] == ["0001", "0002", "0003", "0004", "0005", "0006"]
