@@ -32,6 +32,18 @@ def test_replacement_reaches_later_patches_that_show_the_line(tmp_path):
     assert "\n     x = 0\n+    y = 2\n" in (tmp_path / "0002-later.patch").read_text()
 
 
+def test_the_same_line_in_another_file_is_left_alone(tmp_path):
+    first = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n" + FIRST
+    later = (
+        "diff --git a/other.py b/other.py\n--- a/other.py\n+++ b/other.py\n@@ -1,1 +1,2 @@\n"
+        "     x = 1\n+    z = 3\n"
+    )
+    (tmp_path / "0001-first.patch").write_text(first)
+    (tmp_path / "0002-later.patch").write_text(later)
+    mutants.mutate(tmp_path, {"name": "m", "patch": "0001", "replace": [["    x = 1", "    x = 0"]]})
+    assert (tmp_path / "0002-later.patch").read_text() == later
+
+
 def test_replacement_of_a_line_the_patch_does_not_add_is_refused(tmp_path):
     (tmp_path / "0001-first.patch").write_text(FIRST)
     with pytest.raises(SystemExit):
@@ -52,15 +64,17 @@ def test_every_mutant_fits_the_series(base, mutant):
     for old, _ in mutant["replace"]:
         assert added.count("+" + old) == 1, f"{patch[0].name} does not add {old!r} exactly once"
     # A later patch that removes the line would take the mutant away before the tests run.
-    # One that adds the same line again makes the later patches' context ambiguous: the
-    # mutant would reach both lines there, and the series would no longer apply.
+    # One that adds the same line again to the same file makes the later patches' context
+    # ambiguous: the mutant would reach both lines there, and the series would no longer apply.
+    path = mutants.file_of_lines(added)[added.index("+" + mutant["replace"][0][0])]
     for other in sorted(base.patches(REPO).glob("*.patch")):
         lines = other.read_text().split("\n")
+        in_file = [line for line, p in zip(lines, mutants.file_of_lines(lines)) if p == path]
         for old, _ in mutant["replace"]:
             if other.name[:4] > mutant["patch"]:
-                assert "-" + old not in lines, f"{other.name} removes {old!r}, and the mutant with it"
+                assert "-" + old not in in_file, f"{other.name} removes {old!r}, and the mutant with it"
             if other.name[:4] != mutant["patch"]:
-                assert "+" + old not in lines, f"{other.name} adds {old!r} too"
+                assert "+" + old not in in_file, f"{other.name} adds {old!r} to {path} too"
 
 
 def test_ci_runs_only_known_mutants():
