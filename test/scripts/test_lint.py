@@ -97,6 +97,11 @@ def test_noise(tmp_path, monkeypatch):
     assert names(patch_series.lint_noise(patch, unidiff.PatchSet(text))) == ["whitespace"]
     patch, text = fake(tmp_path)
     assert patch_series.lint_noise(patch, unidiff.PatchSet(text)) == []
+    # In Python, a statement that moves out of a nested block changes what the code does.
+    patch, text = fake(tmp_path, path="torch/nn/parallel/distributed.py", old="        f(x)", new="    f(x)")
+    assert patch_series.lint_noise(patch, unidiff.PatchSet(text)) == []
+    patch, text = fake(tmp_path, path="torch/nn/parallel/distributed.py", old="    f(x, y)", new="    f(x,y)")
+    assert names(patch_series.lint_noise(patch, unidiff.PatchSet(text))) == ["reformat"]
 
 
 def test_test_file_must_agree_with_the_series(tmp_path, monkeypatch):

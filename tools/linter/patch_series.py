@@ -121,11 +121,20 @@ def lint_scope(patch: pathlib.Path, text: str, patch_set: unidiff.PatchSet) -> L
     ]
 
 
+def reformat_key(value: str, python: bool) -> str:
+    """What a line is, whitespace aside; in Python, its indentation included."""
+    indentation = value[: len(value) - len(value.lstrip())] if python else ""
+    return indentation + "".join(value.split())
+
+
 def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMessage]:
     found = []
     for patched_file in patch_set:
         for hunk in patched_file:
-            removed = {"".join(line.value.split()) for line in hunk if line.is_removed}
+            # In Python, indentation is block structure: a line that comes back with
+            # another indentation moved into another block, which is no reformat.
+            python = patched_file.path.endswith((".py", ".pyi"))
+            removed = {reformat_key(line.value, python) for line in hunk if line.is_removed}
             # A line that comes back unchanged elsewhere in the hunk moved; that is no reformat.
             moved = {line.value for line in hunk if line.is_removed}
             for line in hunk:
@@ -134,7 +143,7 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
                 value = line.value.rstrip("\n")
                 if value != value.rstrip() or "\t" in value:
                     found.append(message(patch, "whitespace", "added line has trailing whitespace or a tab", line.diff_line_no))
-                if line.value.strip() and "".join(line.value.split()) in removed and line.value not in moved:
+                if line.value.strip() and reformat_key(line.value, python) in removed and line.value not in moved:
                     found.append(
                         message(
                             patch,
