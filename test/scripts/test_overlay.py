@@ -213,8 +213,12 @@ def test_init_cpp_may_not_change_lines_outside_a_binding(tmp_path, site):
 def test_v2_14_series_roles(tmp_path):
     # The files the v2.14.1 wheel ships, as placeholders: roles depend only on which exist.
     site = tmp_path / "site-packages"
+    hooks = "torch/distributed/algorithms/ddp_comm_hooks/"
     for path in ("torch/nn/parallel/distributed.py", "torch/distributed/distributed_c10d.py",
-                 "torch/_C/_distributed_c10d.pyi", "torch/testing/_internal/distributed/distributed_test.py"):
+                 "torch/_C/_distributed_c10d.pyi", "torch/testing/_internal/distributed/distributed_test.py",
+                 *(hooks + name for name in ("ddp_zero_hook.py", "mixed_precision_hooks.py",
+                                             "optimizer_overlap_hooks.py", "post_localSGD_hook.py",
+                                             "powerSGD_hook.py"))):
         (site / path).parent.mkdir(parents=True, exist_ok=True)
         (site / path).write_text("")
     for header in ("reducer.hpp", "logger.hpp"):
@@ -235,6 +239,8 @@ def test_v2_14_series_roles(tmp_path):
     assert "torch/testing/_internal/distributed/distributed_test.py" in s.applied
     # 0023 counts reconfigures in c10d's Python front end, which the wheel ships.
     assert "torch/distributed/distributed_c10d.py" in s.applied
+    # 0011 and 0025: the hook modules implement the protocol that DDP calls.
+    assert hooks + "powerSGD_hook.py" in s.applied
     # Its fixes alone: the first patches, which change the two functions and bind nothing new.
     fixes = series.read_series(upstream.patches(REPO), site, replaceable=True, count=upstream.fixes)
     assert [p.name[:4] for p in fixes.patches] == ["0001", "0002", "0003", "0004", "0005", "0006"]

@@ -3,7 +3,6 @@
 import contextlib
 import copy
 import dataclasses
-import functools
 import os
 import pickle
 import sys
@@ -1474,15 +1473,42 @@ but got NoneType: None""",
         # A state of None is the default group, which the hook allreduces
         # over whichever group DDP is on.
         self._init_default_group()
+        members, pg = self._split()
+        ddp = self._ddp(process_group=pg)
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        _, other_pg = self._split()
+        ddp._update_process_group(other_pg)
+        self.assertIsNone(ddp._registered_comm_hook[0])
+        for step in range(1, 3):
+            self._step(ddp, everyone, step)
+
+    def test_comm_hook_on_default_group_cannot_leave_it(self):
+        # Where the module was on the default group, a state of None was its
+        # group: a hook left on it would average over every rank.
+        self._init_default_group()
         ddp = self._ddp()
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         everyone = list(range(self.world_size))
         self._step(ddp, everyone, 0)
-        _, pg = self._split()
-        ddp._update_process_group(pg)
-        self.assertIsNone(ddp._registered_comm_hook[0])
+        members, pg = self._split()
+        with self.assertRaises(ValueError) as caught:
+            ddp._update_process_group(pg)
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() cannot move the communication hook \
+allreduce_hook: its state is None, which means the default process group, this \
+module's process group until now, and the hook would go on communicating over it. \
+Pass update_comm_hook_state=lambda state, group: group to register the hook with the \
+new process group as its state.""",
+        )
+        self.assertIs(ddp.process_group, dist.group.WORLD)
+        ddp._update_process_group(pg, update_comm_hook_state=lambda state, group: group)
+        self.assertIs(ddp._registered_comm_hook[0], pg)
         for step in range(1, 3):
-            self._step(ddp, everyone, step)
+            self._step(ddp, members, step)
 
     def test_post_local_sgd_state_follows_group(self):
         self._init_default_group()
@@ -1491,14 +1517,17 @@ but got NoneType: None""",
             process_group=None, subgroup=None, start_localSGD_iter=100
         )
         ddp.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
-        self._step(ddp, list(range(self.world_size)), 0)
+        for step in range(2):
+            self._step(ddp, list(range(self.world_size)), step)
         members, pg = self._split()
+        if self.rank == members[-1]:
+            # As a rank that joins counts: from 0.
+            state.iter = 0
         ddp._update_process_group(pg)
-        new_state = ddp._registered_comm_hook[0]
-        self.assertIs(new_state.process_group, pg)
-        self.assertIsNone(state.process_group, msg="the old state object changed")
-        self.assertEqual(new_state.iter, state.iter)
-        for step in range(1, 4):
+        self.assertIs(ddp._registered_comm_hook[0], state)
+        self.assertIs(state.process_group, pg)
+        self.assertEqual(state.iter, 2, msg="the ranks did not agree on iter")
+        for step in range(2, 5):
             self._step(ddp, members, step)
 
     def test_post_local_sgd_subgroup_needs_new_state(self):
@@ -1517,13 +1546,15 @@ but got NoneType: None""",
         self.assertExpectedInline(
             str(caught.exception),
             """\
-DistributedDataParallel._update_process_group() cannot move the communication hook \
-post_localSGD_hook: the subgroup of its PostLocalSGDState was made of the old process \
-group's ranks. Pass update_comm_hook_state=fn, where fn(state, new_process_group) \
-returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
+PostLocalSGDState cannot follow DistributedDataParallel._update_process_group(): its \
+subgroup is made of the ranks of another group, the old process group's or, where \
+post_localSGD_hook created it, the default group's. Pass update_comm_hook_state=fn to \
+_update_process_group(), where fn(state, new_process_group) returns a PostLocalSGDState \
+whose subgroup is made of the new group's ranks.""",
         )
         self.assertIs(ddp.process_group, dist.group.WORLD)
         self.assertIs(ddp._registered_comm_hook[0], state)
+        self.assertIsNone(state.process_group)
         self._step(ddp, everyone, 1)
 
         def new_state(old, group):
@@ -1535,17 +1566,45 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
         for step in range(2, 4):
             self._step(ddp, members, step)
 
-    def _ddp_with_power_sgd(self, hook=powerSGD_hook.powerSGD_hook):
-        """A DDP module whose PowerSGD hook compresses from its third step on."""
+    def _ddp_with_power_sgd(self, held=False, hook=None):
+        """A DDP module whose PowerSGD hook compresses from its third step on.
+
+        With ``held``, the hook communicates on a :class:`_HeldGroup`.
+        """
         self._init_default_group()
         ddp = self._ddp()
         state = powerSGD_hook.PowerSGDState(
-            process_group=ddp.process_group,
+            process_group=self._held_group() if held else ddp.process_group,
             start_powerSGD_iter=2,
             min_compression_rate=0.1,
         )
-        ddp.register_comm_hook(state, hook)
+        if hook is powerSGD_hook.batched_powerSGD_hook:
+            # Since batching (#75157), _orthogonalize() takes a batch of
+            # matrices, and batched_powerSGD_hook still passes it one matrix:
+            # give it a batch of one, as the hook would have to.
+            orthogonalize = powerSGD_hook._orthogonalize
+            patcher = mock.patch.object(
+                powerSGD_hook,
+                "_orthogonalize",
+                lambda matrix, epsilon=0: orthogonalize(matrix.unsqueeze(0), epsilon),
+            )
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        ddp.register_comm_hook(state, hook or powerSGD_hook.powerSGD_hook)
         return ddp, state
+
+    def _compressed_step(self, ddp, step):
+        ddp.zero_grad(set_to_none=True)
+        _loss(ddp(_sample(self.rank, step, self.device))).backward()
+
+    def _assert_same_grads(self, ddp, group):
+        grads = torch.cat([p.grad.flatten() for p in ddp.parameters()])
+        gathered = [torch.zeros_like(grads) for _ in range(group.size())]
+        dist.all_gather(gathered, grads, group=group)
+        for other in gathered:
+            self.assertEqual(
+                other, grads, msg="members got different compressed gradients"
+            )
 
     def test_power_sgd_state_follows_group(self):
         ddp, state = self._ddp_with_power_sgd()
@@ -1553,82 +1612,146 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
         for step in range(2):
             self._step(ddp, everyone, step)
         for step in range(2, 4):
-            ddp.zero_grad(set_to_none=True)
-            _loss(ddp(_sample(self.rank, step, self.device))).backward()
+            self._compressed_step(ddp, step)
         self.assertTrue(state.error_dict, msg="PowerSGD never compressed")
         members, pg = self._split()
-        ddp._update_process_group(pg)
-        state = ddp._registered_comm_hook[0]
-        self.assertIs(state.process_group, pg)
-        # PowerSGD starts over with plain allreduces, which the reference matches.
-        for step in range(4, 6):
-            self._step(ddp, members, step)
-        for step in range(6, 8):
-            ddp.zero_grad(set_to_none=True)
-            _loss(ddp(_sample(self.rank, step, self.device))).backward()
-        self.assertTrue(state.error_dict, msg="PowerSGD did not compress again")
-        grads = torch.cat([p.grad.flatten() for p in ddp.parameters()])
-        gathered = [torch.zeros_like(grads) for _ in members]
-        dist.all_gather(gathered, grads, group=pg)
-        for other in gathered:
-            self.assertEqual(
-                other, grads, msg="members got different compressed gradients"
+        if self.rank == members[-1]:
+            # As a rank that joins holds it: no memories, a new rng.
+            state.__init__(
+                process_group=ddp.process_group,
+                start_powerSGD_iter=2,
+                min_compression_rate=0.1,
             )
-
-    def test_power_sgd_late_callbacks_cannot_reach_new_state(self):
-        # The callbacks of a failed pass hold the state that the hook was given,
-        # and whether they run before or after the change depends on timing.
-        # Here the failed pass's whole PowerSGD work runs after the change, with
-        # that state: every write it makes is late, which is the worst case.
-        deferred = []
-        deferring = False
-
-        def power_sgd_deferred(hook_state, bucket):
-            if not deferring:
-                return powerSGD_hook.powerSGD_hook(hook_state, bucket)
-            deferred.append((hook_state, bucket))
-            return torch.futures.Future()
-
-        ddp, state = self._ddp_with_power_sgd(power_sgd_deferred)
-        everyone = list(range(self.world_size))
-        recovery_pg = dist.new_group(everyone)
-        for step in range(4):
-            ddp.zero_grad(set_to_none=True)
-            _loss(ddp(_sample(self.rank, step, self.device))).backward()
-        self.assertTrue(state.error_dict, msg="PowerSGD never compressed")
-        iterations = state.iter
-        deferring = True
-        self._failed_step(ddp, 4, raise_at="input")
-        deferring = False
-        # The last bucket is the one whose hook increases the state's iter.
-        self.assertTrue(
-            any(bucket.is_last() for _, bucket in deferred),
-            msg="the failed pass did not launch its last bucket",
-        )
-        ddp._update_process_group(recovery_pg)
-        new_state = ddp._registered_comm_hook[0]
-        for hook_state, bucket in deferred:
-            powerSGD_hook.powerSGD_hook(hook_state, bucket).wait()
+        else:
+            # The ranks that stay may have drawn from their rng differently.
+            state.rng.randint(1_000_000_000, size=self.rank + 1)
+        ddp._update_process_group(pg)
+        # The registered state is the one the hook goes on with.
+        self.assertIs(ddp._registered_comm_hook[0], state)
+        self.assertIs(state.process_group, pg)
         self.assertEqual(
-            (
-                new_state.iter,
-                new_state.error_dict,
-                new_state.p_memory_dict,
-                new_state.q_memory_dict,
-            ),
-            (0, {}, {}, {}),
-            msg="the failed pass's work wrote into the new state",
+            (state.iter, state.error_dict, state.p_memory_dict, state.q_memory_dict),
+            (state.start_powerSGD_iter - 1, {}, {}, {}),
         )
-        self.assertEqual(
-            state.iter, iterations + 1, msg="the failed pass's work did not write"
-        )
+        # Every rank seeds its new Q matrices alike. Were they not, the result
+        # would still agree across ranks, but approximate another matrix.
+        draws = [None] * pg.size()
+        rng_draw = copy.deepcopy(state.rng).randint(1_000_000_000)
+        dist.all_gather_object(draws, rng_draw, group=pg)
+        self.assertEqual(len(set(draws)), 1, msg=f"the ranks' rngs differ: {draws}")
+        # One step without compression, in which buckets may be rebuilt, which
+        # the reference matches; then compression with memories agreed anew.
+        self._step(ddp, members, 4)
         for step in range(5, 7):
-            self._step(ddp, everyone, step)
+            self._compressed_step(ddp, step)
+            self.assertTrue(state.error_dict, msg="PowerSGD did not compress again")
+            self._assert_same_grads(ddp, pg)
+        # A checkpoint of the state holds what an older PowerSGDState can load.
+        saved = state.__getstate__()
+        self.assertEqual(
+            set(saved),
+            set(powerSGD_hook.PowerSGDState.__slots__)
+            - {"process_group", "_process_group_updates"},
+        )
+        restored = pickle.loads(pickle.dumps(state))
+        self.assertEqual(
+            (restored.iter, restored._process_group_updates), (state.iter, 0)
+        )
+
+    @parametrize("copy_with", ["deepcopy", "pickle", "averaged_model"])
+    def test_copy_with_power_sgd_hook(self, copy_with):
+        ddp, state = self._ddp_with_power_sgd()
+        self._step(ddp, list(range(self.world_size)), 0)
+        members, pg = self._split()
+        ddp._update_process_group(pg)
+        self._step(ddp, members, 1)
+        # DDP pickles a module on the default group only.
+        ddp._update_process_group(dist.group.WORLD)
+        self._step(ddp, list(range(self.world_size)), 2)
+        if copy_with == "deepcopy":
+            copied = copy.deepcopy(ddp)
+        elif copy_with == "pickle":
+            copied = pickle.loads(pickle.dumps(ddp))
+        else:
+            copied = torch.optim.swa_utils.AveragedModel(ddp).module
+        self.assertIsNone(copied._registered_comm_hook)
+        for p, q in zip(ddp.parameters(), copied.parameters()):
+            self.assertEqual(p, q)
+
+    def test_zero_hook_with_a_power_sgd_state_is_refused(self):
+        # The hook refuses before its state, which implements the protocol
+        # too, would move and leave ZeroRedundancyOptimizer on the old group.
+        from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self._init_default_group()
+        ddp = self._ddp()
+        zero = ZeroRedundancyOptimizer(
+            ddp.parameters(),
+            optimizer_class=torch.optim.SGD,
+            overlap_with_ddp=True,
+            lr=0.05,
+        )
+        # The hook is for NCCL only; it is never run here.
+        with mock.patch.object(
+            ddp_zero_hook.dist, "get_backend", return_value=dist.Backend.NCCL
+        ):
+            hook = ddp_zero_hook.hook_with_zero_step(
+                powerSGD_hook.powerSGD_hook, ddp, zero
+            )
+        state = powerSGD_hook.PowerSGDState(ddp.process_group)
+        ddp.register_comm_hook(state, hook)
+        _, pg = self._split()
+        with self.assertRaisesRegex(ValueError, "hook_with_zero_step cannot follow"):
+            ddp._update_process_group(pg)
+        self.assertIs(ddp.process_group, dist.group.WORLD)
+        self.assertIs(state.process_group, dist.group.WORLD)
+
+    @parametrize("batched", [False, True])
+    def test_power_sgd_late_callbacks_cannot_reach_the_state(self, batched):
+        # The failed pass's compression waits for its first allreduce, which
+        # is held until after the change and the next compressed step: its
+        # callbacks then run, with the state that step left, at the worst time.
+        everyone = list(range(self.world_size))
+        hook = powerSGD_hook.batched_powerSGD_hook if batched else None
+        ddp, state = self._ddp_with_power_sgd(held=True, hook=hook)
+        held = state.process_group
+        for step in range(4):
+            self._compressed_step(ddp, step)
+        self.assertTrue(state.error_dict, msg="PowerSGD never compressed")
+        held.holding = True
+        self._failed_step(ddp, 4)
+        self.assertTrue(held.held, msg="the failed pass launched no collective")
+        ddp._update_process_group(dist.new_group(everyone))
+        for step in range(5, 7):
+            self._compressed_step(ddp, step)
+        self.assertTrue(state.error_dict, msg="PowerSGD did not compress again")
+        before = copy.deepcopy(
+            (state.iter, state.error_dict, state.p_memory_dict, state.q_memory_dict)
+        )
+        # Their chains would go on with allreduces on the old group.
+        held.holding = False
+        with mock.patch.object(
+            held, "allreduce", wraps=held.allreduce
+        ) as late_allreduce:
+            held.release()
+        self.assertEqual(
+            late_allreduce.call_count,
+            0,
+            msg="the failed pass's callbacks issued collectives on the old group",
+        )
+        self.assertEqual(
+            (state.iter, state.error_dict, state.p_memory_dict, state.q_memory_dict),
+            before,
+            msg="the failed pass's callbacks wrote into the state",
+        )
+        self._compressed_step(ddp, 7)
+        self._assert_same_grads(ddp, ddp.process_group)
 
     def test_ddp_stateful_hooks_are_rearmed(self):
-        # DDP's mixed precision and optimizer-in-backward hooks need CUDA to
-        # run; their states are built by hand here, as a backward pass that
-        # raised leaves them: waiting for a callback that autograd dropped.
+        # DDP's mixed precision and optimizer-in-backward hooks need an
+        # accelerator to run; their states are set here as a backward pass
+        # that raised leaves them: waiting for a callback that autograd dropped.
         from torch.distributed.algorithms.ddp_comm_hooks import (
             mixed_precision_hooks,
             optimizer_overlap_hooks,
@@ -1650,19 +1773,13 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
         self.assertIs(ddp._registered_comm_hook[0], upcast_state)
 
         ddp = self._ddp(process_group=pg)
-        optim_state = optimizer_overlap_hooks._OptimInBackwardHookState(
-            optim_stream=None, wait_for_optim_stream_enqueued=True
-        )
-
-        def apply_optim_in_backward_hook(hook_state, bucket, optim_stream_state):
-            raise AssertionError("not run in this test")
-
-        hook = functools.partial(
-            apply_optim_in_backward_hook, optim_stream_state=optim_state
-        )
-        # As DDP names the hook it registers.
-        hook.__name__ = apply_optim_in_backward_hook.__name__
-        hook.__qualname__ = apply_optim_in_backward_hook.__qualname__
+        # As DDP registers it for optimizers applied in backward.
+        with mock.patch.object(optimizer_overlap_hooks.torch, "Stream"):
+            hook = optimizer_overlap_hooks._apply_optim_in_backward_hook(
+                gradient_is_bucket_view=False
+            )
+        optim_state = hook.keywords["optim_stream_state"]
+        optim_state.wait_for_optim_stream_enqueued = True
         ddp.register_comm_hook(weakref.ref(ddp), hook)
         ddp._update_process_group(dist.new_group(list(range(self.world_size))))
         self.assertFalse(optim_state.wait_for_optim_stream_enqueued)
@@ -1693,11 +1810,10 @@ returns a PostLocalSGDState whose subgroup is made of the new group's ranks.""",
         self.assertExpectedInline(
             str(caught.exception),
             """\
-DistributedDataParallel._update_process_group() cannot move the communication hook \
-hook_with_zero_step.<locals>.hook_with_zero_fn: its ZeroRedundancyOptimizer keeps its \
-own process group and its partition of the parameters across that group's ranks. \
-Construct DistributedDataParallel and ZeroRedundancyOptimizer on the new process group \
-instead.""",
+hook_with_zero_step cannot follow DistributedDataParallel._update_process_group(): \
+its ZeroRedundancyOptimizer keeps its own process group and its partition of the \
+parameters across that group's ranks. Construct DistributedDataParallel and \
+ZeroRedundancyOptimizer on the new process group instead.""",
         )
         self.assertIs(ddp.process_group, dist.group.WORLD)
 
@@ -1765,8 +1881,9 @@ moves with the module's process group). Leave update_comm_hook_state out.""",
             """\
 DistributedDataParallel._update_process_group() cannot move the communication hook \
 UpdateProcessGroupTest.test_comm_hook_state_without_group_changes_nothing.<locals>.hook \
-to the new process group: its state, a Holder, is neither this module's process group \
-nor holds it as `process_group`. Pass update_comm_hook_state=fn, where \
+to the new process group: its state, a Holder, is not this module's process group, \
+does not hold the new one as `process_group`, and does not implement \
+_prepare_process_group_update(). Pass update_comm_hook_state=fn, where \
 fn(state, new_process_group) returns the state to register the hook again with.""",
         )
         self.assertIs(ddp.process_group, group)
@@ -1775,6 +1892,32 @@ fn(state, new_process_group) returns the state to register the hook again with."
             pg, update_comm_hook_state=lambda holder, new: Holder(new)
         )
         for step in range(2, 4):
+            self._step(ddp, members, step)
+
+    def test_comm_hook_state_moved_by_the_caller(self):
+        # What upstream's docstring asked callers to do: move the hook's state.
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+
+        class State:
+            def __init__(self, process_group):
+                self.process_group = process_group
+
+        def hook(state, bucket):
+            return default_hooks.allreduce_hook(state.process_group, bucket)
+
+        state = State(ddp.process_group)
+        ddp.register_comm_hook(state, hook)
+        self._step(ddp, everyone, 0)
+        members, pg = self._split()
+        with self.assertRaisesRegex(ValueError, "its state, a State, is not this"):
+            ddp._update_process_group(pg)
+        self.assertIs(ddp.process_group, dist.group.WORLD)
+        state.process_group = pg
+        ddp._update_process_group(pg)
+        self.assertIs(ddp._registered_comm_hook[0], state)
+        for step in range(1, 4):
             self._step(ddp, members, step)
 
     def test_subclass_with_a_comm_hook_of_its_own(self):
