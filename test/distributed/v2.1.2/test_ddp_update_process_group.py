@@ -1410,6 +1410,27 @@ contains this rank first.""",
             self._step(model, ddp, everyone, step)
         self.assertEqual(cnt.frame_count, frames, msg="parking recompiled")
 
+    def test_failed_rejoin_keeps_the_rank_parked(self):
+        # A parked rank rejoins, and the collective of the call fails: here it
+        # times out, as the members never enter it. The rank stays parked.
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        first = everyone[: self.world_size // 2]
+        first_pg = dist.new_group(first)
+        rejoin_pg = dist.new_group(everyone, timeout=timedelta(seconds=2))
+        ddp._update_process_group(first_pg)
+        if self.rank in first:
+            self._step(ddp, ddp, first, 0)
+        else:
+            with self.assertRaises(RuntimeError):
+                ddp._update_process_group(rejoin_pg)
+            with self.assertRaisesRegex(
+                RuntimeError, "not a member of the process group"
+            ):
+                ddp(_sample(self.rank, 0, self.device))
+        dist.barrier()
+
     def test_failed_sync_module_states_can_be_repeated(self):
         self._init_default_group()
         ddp = self._ddp()
