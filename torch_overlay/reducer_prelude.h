@@ -21,7 +21,7 @@ namespace {
 // set_divide_factor() computes it.
 constexpr int kUnsetDivFactor = -1;
 
-// reducer.cpp (v2.14.1; the v2.1.2 series does not use it): TORCH_CHECK that
+// reducer.cpp (v2.1.2 and v2.14.1): TORCH_CHECK that
 // also records the error in DDP's logging data.
 #define REDUCER_CHECK(cond, logger_, ...)             \
   if (C10_UNLIKELY_OR_CONST(!(cond))) {               \

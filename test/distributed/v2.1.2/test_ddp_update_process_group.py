@@ -620,6 +620,68 @@ class UpdateProcessGroupTestBase:
             self._step(ddp, ddp, members, step, set_to_none=False)
         self.assertEqual([p.grad.data_ptr() for p in ddp.parameters()], storage)
 
+    @parametrize("differs", ["sizes", "count", "dims", "dtype"])
+    def test_other_model_is_refused_on_every_rank(self, differs):
+        # Each rank trains alone, and rank 1 holds another model than the
+        # others. The call must fail on every rank, with the same error,
+        # before any collective whose lengths differ (Gloo aborts on one).
+        self._init_default_group()
+        alone = [dist.new_group([rank]) for rank in range(self.world_size)][self.rank]
+        module = self._ddp().module
+        if self.rank == 1:
+            if differs == "sizes":
+                module.fc3 = nn.Linear(8, 4)
+            elif differs == "count":
+                module.fc3 = nn.Linear(8, 3, bias=False)
+            elif differs == "dims":
+                module.fc3.bias = nn.Parameter(torch.zeros(1, 3))
+            else:
+                module.double()
+            module.to(self.device)
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        ddp = DistributedDataParallel(
+            module, device_ids=device_ids, process_group=alone
+        )
+
+        def train(step):
+            x = _sample(self.rank, step, self.device)
+            ddp.zero_grad(set_to_none=True)
+            _loss(ddp(x.to(module.fc1.weight.dtype))).backward()
+
+        train(0)
+        buckets = [
+            b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()
+        ]
+        world_pg = dist.new_group(list(range(self.world_size)))
+        with self.assertRaises(RuntimeError) as caught:
+            ddp._update_process_group(world_pg)
+        expected = {
+            "sizes": "but parameter 4 (fc3.weight) has sizes [4, 8], strides [8, 1], "
+            "dtype Float on rank 1, and sizes [3, 8], strides [8, 1], dtype Float "
+            "on rank 0.",
+            "count": "but rank 1 has 5 parameters, and rank 0 has 6.",
+            "dims": "but parameter 5 (fc3.bias) has sizes [1, 3], strides [3, 1], "
+            "dtype Float on rank 1, and sizes [3], strides [1], dtype Float on "
+            "rank 0.",
+            "dtype": "but parameter 0 (fc1.weight) has sizes [8, 6], strides [6, 1], "
+            "dtype Double on rank 1, and sizes [8, 6], strides [6, 1], dtype Float "
+            "on rank 0.",
+        }[differs]
+        self.assertEqual(
+            str(caught.exception).split("\n")[0],
+            "DistributedDataParallel._update_process_group() needs the same model "
+            f"on every rank of the new process group, {expected} Pass a module "
+            "with the same parameters on every rank. The module stays on its "
+            "previous process group, with its buckets.",
+        )
+        self.assertIs(ddp.process_group, alone)
+        self.assertEqual(
+            [b.buffer().numel() for b in ddp.reducer._get_zeros_like_grad_buckets()],
+            buckets,
+        )
+        for step in range(1, 3):
+            train(step)
+
     def test_rank_outside_while_others_rebuilt(self):
         # The first half trains, and rebuilds its buckets, while the second
         # half is outside the group with the constructor's single bucket. Once
