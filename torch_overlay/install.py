@@ -5,7 +5,8 @@ patches. What it installs, all generated from ``patches/``:
 
 * the installed copies of the files the series changes and the wheel ships
   (``distributed.py``, ``_distributed_c10d.pyi``, ``reducer.hpp``), patched
-  with ``git apply``;
+  with ``git apply``; ``distributed.py`` also imports the package below, so
+  that it never runs with the stock Reducer (``python -S`` skips ``.pth`` files);
 * the package ``_ddp_update_process_group_overlay`` in site-packages: the
   compiled ``reducer.cpp`` and ``logger.cpp`` additions and bindings (``_C``),
   the import hook
@@ -33,6 +34,18 @@ from typing import Callable, Dict, List, Optional
 from torch_overlay import bases, callers, series as series_mod
 
 PACKAGE = "_ddp_update_process_group_overlay"
+# Where the series changes DDP's Python, the Reducer methods it calls are the overlay's.
+# The .pth file loads them at start-up, but not under `python -S` (or wherever site is
+# skipped), where DDP would call the stock Reducer's: so the patched distributed.py
+# loads them itself as it is imported, and fails to import without them.
+DDP_MODULE = "torch/nn/parallel/distributed.py"
+LOAD_EXTENSION = f"""
+
+# Added by torch_overlay: the Reducer methods that this file calls are the
+# overlay's, which its start-up hook loads; load them here too, for
+# interpreters that skip the start-up hooks (python -S).
+import {PACKAGE}  # noqa: F401,E402
+"""
 OVERLAY_DIR = pathlib.Path(__file__).resolve().parent
 # Overlay sources that change what gets installed, besides the patches.
 OVERLAY_SOURCES = ("bindings.cpp", "reducer_prelude.h", "site_hook.py", "install.py", "series.py", "callers.py")
@@ -373,6 +386,8 @@ def install(
         tmp_dir = pathlib.Path(tmp)
         progress(f"applying {len(patches.patches)} patches to {', '.join(patches.applied)}")
         patched = apply_patches(tmp_dir / "tree", patches, sources)
+        if DDP_MODULE in patched:
+            patched[DDP_MODULE] += LOAD_EXTENSION.encode()
         include = tmp_dir / "include"
         for repo_path, data in patched.items():
             if repo_path.endswith(series_mod.HEADER_SUFFIXES):

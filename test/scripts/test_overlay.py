@@ -400,6 +400,8 @@ def test_install_status_uninstall(repo, site, torch_dist, capsys):
     assert "    def _update_process_group(\n" in distributed
     assert "bool reset_state();" in (site / "torch/include/torch/csrc/distributed/c10d/reducer.hpp").read_text()
     assert (site / (overlay.PACKAGE + ".pth")).read_text() == f"import {overlay.PACKAGE}\n"
+    # Without the .pth file's start-up hook, distributed.py loads the extension itself.
+    assert distributed.endswith(f"\nimport {overlay.PACKAGE}  # noqa: F401,E402\n")
     assert overlay.status(repo, torch_dist, BASE) == 0
 
     overlay.install(repo, torch_dist, BASE, build)
@@ -412,6 +414,24 @@ def test_install_status_uninstall(repo, site, torch_dist, capsys):
     assert not (site / overlay.PACKAGE).exists()
     assert not (site / (overlay.PACKAGE + ".pth")).exists()
     assert overlay.status(repo, torch_dist, BASE) == 1
+
+
+def test_the_installed_overlay_loads_without_start_up_hooks(tmp_path):
+    # python -S skips the .pth file; DDP must not run on the stock Reducer then.
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed in this interpreter: run under scripts/test")
+    site = pathlib.Path(torch.__file__).parents[1]
+    if not (site / (overlay.PACKAGE + ".pth")).is_file():
+        pytest.skip("the overlay is not installed in this interpreter: run under scripts/test")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    loaded = subprocess.run(
+        [sys.executable, "-S", "-c",
+         f"import sys, torch; assert 'site' not in sys.modules; print('{overlay.PACKAGE}._C' in sys.modules)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
+    )
+    assert loaded.stdout.strip() == "True"
 
 
 def test_install_rebuilds_when_patches_change(repo, site, torch_dist):
