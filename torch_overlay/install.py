@@ -44,7 +44,14 @@ LOAD_EXTENSION = f"""
 # Added by torch_overlay: the Reducer methods that this file calls are the
 # overlay's, which its start-up hook loads; load them here too, for
 # interpreters that skip the start-up hooks (python -S).
-import {PACKAGE}  # noqa: F401,E402
+try:
+    import {PACKAGE}  # noqa: F401,E402
+except ImportError as _overlay_missing:
+    raise ImportError(
+        "torch/nn/parallel/distributed.py carries the update_process_group overlay, "
+        "whose extension ({PACKAGE}) cannot be imported: run `python -m torch_overlay "
+        "install` again, or `python -m torch_overlay uninstall` for the stock files"
+    ) from _overlay_missing
 """
 OVERLAY_DIR = pathlib.Path(__file__).resolve().parent
 # Overlay sources that change what gets installed, besides the patches.

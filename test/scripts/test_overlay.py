@@ -401,7 +401,7 @@ def test_install_status_uninstall(repo, site, torch_dist, capsys):
     assert "bool reset_state();" in (site / "torch/include/torch/csrc/distributed/c10d/reducer.hpp").read_text()
     assert (site / (overlay.PACKAGE + ".pth")).read_text() == f"import {overlay.PACKAGE}\n"
     # Without the .pth file's start-up hook, distributed.py loads the extension itself.
-    assert distributed.endswith(f"\nimport {overlay.PACKAGE}  # noqa: F401,E402\n")
+    assert distributed.endswith(overlay.LOAD_EXTENSION)
     assert overlay.status(repo, torch_dist, BASE) == 0
 
     overlay.install(repo, torch_dist, BASE, build)
