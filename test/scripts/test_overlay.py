@@ -428,7 +428,8 @@ def test_the_installed_overlay_loads_without_start_up_hooks(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(site))
     loaded = subprocess.run(
         [sys.executable, "-S", "-c",
-         f"import sys, torch; assert 'site' not in sys.modules; print('{overlay.PACKAGE}._C' in sys.modules)"],
+         f"import sys; assert sys.flags.no_site and '{overlay.PACKAGE}' not in sys.modules; "
+         f"import torch; print('{overlay.PACKAGE}._C' in sys.modules)"],
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True,
     )
     assert loaded.stdout.strip() == "True"
