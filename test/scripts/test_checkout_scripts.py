@@ -621,6 +621,31 @@ def test_submit_without_ghstack_says_how_to_get_it(published, submit_env, tmp_pa
     assert result.returncode == 2 and "ghstack is not installed" in result.stderr
 
 
+def test_submit_dry_run_says_that_ghstack_is_missing(published, submit_env, tmp_path):
+    assert script("apply", published).returncode == 0
+    (tmp_path / "submit-bin" / "ghstack").unlink()
+    result = script("submit", published, "--dry-run", env=submit_env)
+    assert result.returncode == 0, result.stderr
+    assert (
+        "submit: warning: ghstack is not installed (pip install ghstack, then set up ~/.ghstackrc): the run "
+        "without --dry-run stops there"
+    ) in result.stderr
+    assert result.stdout.rstrip().endswith("dry run: nothing submitted")
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_submit_refuses_the_release_series_for_pytorch(published, submit_env, tmp_path, dry_run):
+    assert script("apply", published).returncode == 0
+    git(published, "remote", "set-url", "--push", "origin", "git@github.com:pytorch/pytorch.git")
+    result = script("submit", published, *(["--dry-run"] if dry_run else []), env=submit_env)
+    assert result.returncode == 2
+    assert (
+        f"origin is pytorch/pytorch on GitHub, and the {BASE.name} series never goes there: it is for a release "
+        "line, and PyTorch takes no features on release branches."
+    ) in result.stderr
+    assert ghstack_call(tmp_path) is None
+
+
 # scripts/test --torch-src
 
 
