@@ -82,6 +82,20 @@ def test_check_on_a_dirty_tree_warns_that_apply_would_refuse(pytorch_tree):
     assert "without --check would refuse" in result.stderr and "M setup.py" in result.stderr
 
 
+def test_check_warns_that_the_branch_exists(pytorch_tree):
+    git(pytorch_tree, "branch", "ddp-update-process-group")
+    result = script("apply", pytorch_tree, "--check")
+    assert result.returncode == 0, result.stderr
+    assert "apply cleanly to HEAD" in result.stdout
+    assert (
+        "apply: warning: scripts/apply without --check would stop: branch ddp-update-process-group already "
+        "exists; pass --branch NAME"
+    ) in result.stderr
+    assert script("apply", pytorch_tree, "--check", "--branch", "other").stderr == ""
+    result = script("apply", pytorch_tree)
+    assert result.returncode == 2 and "branch ddp-update-process-group already exists" in result.stderr
+
+
 def test_apply_makes_the_series_commits_on_a_branch(pytorch_tree):
     result = script("apply", pytorch_tree)
     assert result.returncode == 0, result.stderr
