@@ -151,6 +151,11 @@ def test_apply_leaves_the_checkout_as_it_was_when_the_author_cannot_be_reset(pyt
     assert result.returncode == 2
     assert "could not make the applied commits yours" in result.stderr and "no rebasing here" in result.stderr
     assert "back on main, as it was" in result.stderr
+    # The next step: the series by hand, with a three-way merge.
+    series = REPO / "patches" / "v2.1.2"
+    assert f"  cd {pytorch_tree} && git switch -c ddp-update-process-group\n" in result.stderr
+    assert f"  git am --3way --keep-non-patch {series}/*.patch\n" in result.stderr
+    assert "edit torch/nn/parallel/distributed.py to keep both changes" in result.stderr
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
     assert git(pytorch_tree, "status", "--porcelain") == ""
     assert not (pytorch_tree / ".git" / "rebase-merge").exists()
@@ -189,7 +194,7 @@ def assert_names_the_conflict(stderr):
     assert "the hunk at torch/nn/parallel/distributed.py:22 does not match" in stderr
     assert "CONFLICT (content): Merge conflict in torch/nn/parallel/distributed.py" in stderr
     # scripts/apply has aborted: git am's advice on going on is not for the user.
-    for hint in ("git am --continue", "git am --skip", "git am --abort", "git am --show-current-patch"):
+    for hint in ('run "git am --continue"', "git am --skip", "git am --abort", "git am --show-current-patch"):
         assert hint not in stderr
 
 
@@ -200,6 +205,11 @@ def test_conflict_aborts_cleanly_and_names_the_hunk(pytorch_tree):
     assert result.returncode == 2
     assert_names_the_conflict(result.stderr)
     assert "back on main, as it was" in result.stderr
+    # The next step: the series by hand, with a three-way merge.
+    series = REPO / "patches" / "v2.1.2"
+    assert f"  cd {pytorch_tree} && git switch -c ddp-update-process-group\n" in result.stderr
+    assert f"  git am --3way --keep-non-patch {series}/*.patch\n" in result.stderr
+    assert "edit torch/nn/parallel/distributed.py to keep both changes" in result.stderr
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
     assert git(pytorch_tree, "status", "--porcelain") == ""
     assert not (pytorch_tree / ".git" / "rebase-apply").exists()
