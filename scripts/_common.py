@@ -129,7 +129,7 @@ def ensure_venv(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
     if version is not None and stamp_file.is_file() and stamp_file.read_text() == stamp:
         return python
     if version is None:
-        progress(f"installing torch {base.torch} (from about 700 MB up to several GB with the CUDA packages) and the test tools")
+        progress(f"installing torch {base.torch} (with its CUDA packages, about 5 GB for 2.1.2) and the test tools")
     else:
         progress(f"installing the test tools next to torch {version}")
     if run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *wanted]).returncode != 0:

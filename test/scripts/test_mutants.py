@@ -82,3 +82,10 @@ def test_ci_runs_only_known_mutants():
     names = re.search(r'FIX_MUTANTS="([^"]+)"', (REPO / ".ci" / "run").read_text()).group(1).split()
     known = {m["name"] for m in mutants.load(mutants.MUTANTS / "v2.14.1.toml")}
     assert names and sorted(set(names) - known) == []
+
+
+def test_contributing_states_the_mutant_counts():
+    text = " ".join((REPO / "docs" / "contributing.md").read_text().split())
+    counts = {name: len(mutants.load(mutants.MUTANTS / f"{name}.toml")) for name in bases.BASES}
+    assert f"The v2.1.2 file has {counts['v2.1.2']} mutants" in text
+    assert f"the v2.14.1 file {counts['v2.14.1']}," in text
