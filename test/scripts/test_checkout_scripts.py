@@ -677,13 +677,53 @@ def test_torch_src_dry_run_lists_the_runs(pytorch_tree):
     result = script("test", "--torch-src", pytorch_tree, "--dry-run")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "# ours, source build\n(cd " in out and str(REPO / "test" / "distributed") in out
-    assert f"# upstream test_c10d_gloo.py\n(cd {pytorch_tree} && " in out
+    assert "# ours, source build\n(out=$(mktemp -d) && " in out and str(REPO / "test" / "distributed") in out
+    assert f"# upstream test_c10d_gloo.py\n(out=$(mktemp -d) && " in out and f" && cd {pytorch_tree} && " in out
     # release/2.1's run_test.py runs Gloo with 3 ranks on a machine without 2 GPUs.
-    assert "# upstream DDP cases, gloo, world size 3\n(cd" in out
+    assert "# upstream DDP cases, gloo, world size 3\n(out=$(mktemp -d) && " in out
     assert "BACKEND=gloo WORLD_SIZE=3 INIT_METHOD=env://" in out
     assert "-k 'ddp or DistributedDataParallel'" in out
     assert "NCCL: 0 GPU(s) visible, fewer than 2" in out
+
+
+def test_torch_src_dry_run_commands_run_as_printed(pytorch_tree, tmp_path):
+    # -k reaches every printed command; this one selects no test, so the paste runs fast.
+    result = script("test", "--torch-src", pytorch_tree, "--dry-run", "--python", sys.executable, "-k", "no_such_case")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    ours = lines[lines.index("# ours, source build") + 1]
+    assert "-k no_such_case" in ours
+    assert "-k '(ddp or DistributedDataParallel) and (no_such_case)'" in result.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pasted = subprocess.run(["bash", "-c", ours], cwd=elsewhere, capture_output=True, text=True)
+    out = pasted.stdout + pasted.stderr
+    assert "deselected" in out and "error" not in out.lower(), out
+    results = pathlib.Path(out.split("results: ")[1].split()[0])
+    assert (results / "junit.xml").is_file()
+    assert list(elsewhere.iterdir()) == [] and not (pytorch_tree / "junit.xml").exists()
+
+
+def test_torch_src_refuses_a_tree_of_another_base_as_build_does(pytorch_tree):
+    tested = script("test", "--torch-src", pytorch_tree, "--base", "v2.14.1", "--dry-run")
+    built = script("build", pytorch_tree, "--base", "v2.14.1", "--dry-run")
+    assert tested.returncode == built.returncode == 2
+    assert tested.stderr.split(": ", 1)[1] == built.stderr.split(": ", 1)[1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dry-run"], "--dry-run only goes with --torch-src"),
+        (["--python", "python3"], "--python only goes with --torch-src"),
+        (["--upstream", "-k", "x"], "--upstream runs its own selection of tests"),
+        (["--each-commit", "test/scripts"], "--each-commit runs its own selection of tests"),
+        (["--torch-src", ".", "test/scripts"], "--torch-src runs its own suites"),
+    ],
+)
+def test_options_that_a_mode_would_ignore_are_refused(args, message):
+    result = script("test", *args)
+    assert result.returncode == 2 and message in result.stderr
 
 
 def test_torch_src_needs_a_build_of_that_checkout(pytorch_tree):

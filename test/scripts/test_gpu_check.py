@@ -60,10 +60,19 @@ def test_dry_run_prints_each_step():
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 4
-    assert " -m torch_overlay install --repo " in lines[0] and lines[0].endswith("--base v2.14.1")
+    assert all(line.startswith(f"(cd {REPO} && ") and line.endswith(")") for line in lines)
+    assert " -m torch_overlay install --repo " in lines[0] and lines[0].endswith("--base v2.14.1)")
     assert all(f"-k {case}" in lines[1] for case in gpu_check.CASES)
     assert "elastic_ddp.py --backend nccl --workers 1" in lines[2]
-    assert "--device cuda --paths a" in lines[3] and lines[3].endswith("--out /tmp/gpu-check-out")
+    assert "--device cuda --paths a" in lines[3] and lines[3].endswith("--out /tmp/gpu-check-out)")
+
+
+def test_dry_run_commands_run_from_any_directory(tmp_path):
+    # The overlay step, asked for its status instead: python -m torch_overlay is found.
+    overlay = run("--dry-run").stdout.splitlines()[0].replace(" install ", " status ")
+    pasted = subprocess.run(["bash", "-c", overlay], cwd=tmp_path, capture_output=True, text=True)
+    assert "No module named torch_overlay" not in pasted.stderr
+    assert pasted.stdout.startswith("torch "), pasted.stderr
 
 
 def test_dry_run_with_only_the_fixes():
@@ -72,7 +81,7 @@ def test_dry_run_with_only_the_fixes():
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 2
-    assert lines[0].endswith("--base v2.14.1 --fixes-only")
+    assert lines[0].endswith("--base v2.14.1 --fixes-only)")
     assert all(f"-k {case}" in lines[1] for case in gpu_check.fix_cases(UPSTREAM))
 
 
