@@ -678,7 +678,7 @@ def test_torch_src_dry_run_lists_the_runs(pytorch_tree):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "# ours, source build\n(out=$(mktemp -d) && " in out and str(REPO / "test" / "distributed") in out
-    assert f"# upstream test_c10d_gloo.py\n(out=$(mktemp -d) && " in out and f" && cd {pytorch_tree} && " in out
+    assert "# upstream test_c10d_gloo.py\n(out=$(mktemp -d) && " in out and f" && cd {pytorch_tree} && " in out
     # release/2.1's run_test.py runs Gloo with 3 ranks on a machine without 2 GPUs.
     assert "# upstream DDP cases, gloo, world size 3\n(out=$(mktemp -d) && " in out
     assert "BACKEND=gloo WORLD_SIZE=3 INIT_METHOD=env://" in out
