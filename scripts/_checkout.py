@@ -177,6 +177,10 @@ class Checkout:
                     return False
         return True
 
+    def applied_prefix(self, patches: List[pathlib.Path]) -> int:
+        """How many of the series' first patches HEAD holds: the longest run from the first that reverse-applies."""
+        return next((count for count in range(len(patches), 0, -1) if self.is_applied(patches[:count])), 0)
+
     def try_apply(self, patches: List[pathlib.Path]) -> Optional[Rejection]:
         """Apply the series to HEAD exactly as scripts/apply does, in a throwaway worktree."""
         with tempfile.TemporaryDirectory() as tmp:
@@ -188,10 +192,14 @@ class Checkout:
                 git(self.path, "worktree", "remove", "--force", str(worktree), check=False)
 
     def state(self, base: bases.Base, patches: List[pathlib.Path]) -> str:
-        """ "applied" (``base``'s series is at HEAD), or what :func:`tree_state` says of the tree:
-        "upstream" or "base"; raises CheckoutError for a tree the series is not for."""
-        if self.is_applied(patches):
+        """ "applied" (``base``'s series is at HEAD), "partly applied" (its first patches are, as
+        :meth:`applied_prefix` counts), or what :func:`tree_state` says of the tree: "upstream" or
+        "base"; raises CheckoutError for a tree the series is not for."""
+        applied = self.applied_prefix(patches)
+        if applied == len(patches):
             return "applied"
+        if applied:
+            return "partly applied"
         try:
             return tree_state(base, self.version, (self.path / DDP).read_text())
         except CheckoutError as e:

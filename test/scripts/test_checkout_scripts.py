@@ -82,6 +82,22 @@ def test_check_on_a_dirty_tree_warns_that_apply_would_refuse(pytorch_tree):
     assert "without --check would refuse" in result.stderr and "M setup.py" in result.stderr
 
 
+@pytest.mark.parametrize("done", [5, len(SUBJECTS) - 1])
+def test_apply_finishes_a_partly_applied_series(pytorch_tree, done):
+    patches = sorted((REPO / "patches" / "v2.1.2").glob("*.patch"))
+    git(pytorch_tree, "am", "-q", "--keep-non-patch", *map(str, patches[:done]))
+    check = script("apply", pytorch_tree, "--check")
+    assert check.returncode == 0, check.stderr
+    held = f"HEAD already holds the first {done} of the {len(patches)} patches of the v2.1.2 series"
+    assert held in check.stdout
+    assert f"the {len(patches) - done} remaining patches of the v2.1.2 series apply cleanly" in check.stdout
+    result = script("apply", pytorch_tree)
+    assert result.returncode == 0, result.stderr
+    assert held in result.stdout and f"({patches[0].name} to {patches[done - 1].name})" in result.stdout
+    assert git(pytorch_tree, "log", "--format=%s", f"-{len(SUBJECTS)}", "--reverse").splitlines() == SUBJECTS
+    assert "already applied at HEAD" in script("apply", pytorch_tree, "--check").stdout
+
+
 def test_check_warns_that_the_branch_exists(pytorch_tree):
     git(pytorch_tree, "branch", "ddp-update-process-group")
     result = script("apply", pytorch_tree, "--check")
@@ -151,11 +167,8 @@ def test_apply_leaves_the_checkout_as_it_was_when_the_author_cannot_be_reset(pyt
     assert result.returncode == 2
     assert "could not make the applied commits yours" in result.stderr and "no rebasing here" in result.stderr
     assert "back on main, as it was" in result.stderr
-    # The next step: the series by hand, with a three-way merge.
-    series = REPO / "patches" / "v2.1.2"
-    assert f"  cd {pytorch_tree} && git switch -c ddp-update-process-group\n" in result.stderr
-    assert f"  git am --3way --keep-non-patch {series}/*.patch\n" in result.stderr
-    assert "edit torch/nn/parallel/distributed.py to keep both changes" in result.stderr
+    # Not a conflict: no advice on resolving one.
+    assert "three-way merge" not in result.stderr
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
     assert git(pytorch_tree, "status", "--porcelain") == ""
     assert not (pytorch_tree / ".git" / "rebase-merge").exists()
