@@ -454,6 +454,34 @@ def test_build_refuses_use_cuda_with_a_toolkit_too_new(pytorch_tree, tmp_path):
     assert "env " not in result.stdout
 
 
+def test_build_refuses_a_cuda_home_without_a_toolkit(pytorch_tree, tmp_path):
+    missing = tmp_path / "cuda-12.1"
+    result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path, CUDA_HOME=str(missing)))
+    assert result.returncode == 2
+    assert f"CUDA_HOME={missing} does not exist: point it at a CUDA toolkit, or unset it" in result.stderr
+
+
+def test_build_dry_run_says_what_would_fail(pytorch_tree, tmp_path):
+    # An empty submodule, as a clone without --recursive leaves it.
+    module = tmp_path / "gloo"
+    subprocess.run(GIT + ["init", "-q", str(module)], check=True)
+    git(module, "commit", "-q", "--allow-empty", "-m", "gloo")
+    git(pytorch_tree, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(module), "third_party/gloo")
+    git(pytorch_tree, "commit", "-qm", "gloo")
+    git(pytorch_tree, "submodule", "deinit", "-q", "-f", "third_party/gloo")
+    # An interpreter without PyYAML, which setup.py imports.
+    python = fake_command(tmp_path / "fake", "python", 'case "$2" in *find_spec*) echo yaml ;; esac')
+    result = script("build", pytorch_tree, "--dry-run", "--python", python, env=dry_run_env(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (
+        "build: warning: the build would fail: submodules not checked out (third_party/gloo): run git -C "
+        f"{pytorch_tree} submodule update --init --recursive"
+    ) in result.stderr
+    assert f"{python} cannot import yaml, which setup.py needs: run {python} -m pip install -r" in result.stderr
+    result = script("build", pytorch_tree, "--python", python, env=dry_run_env(tmp_path))
+    assert result.returncode == 2 and "the build would fail:\n  submodules not checked out" in result.stderr
+
+
 def test_build_refuses_a_non_pytorch_tree(tmp_path):
     result = script("build", tmp_path, "--dry-run")
     assert result.returncode == 2 and "is not a git checkout" in result.stderr
