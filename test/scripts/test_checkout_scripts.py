@@ -786,6 +786,23 @@ def test_torch_src_needs_the_test_tools(pytorch_tree, tmp_path):
     assert f"{python} cannot import pytest_rerunfailures, which the tests run with" in result.stderr
 
 
+def test_torch_src_names_the_pytest_that_collects_the_tests(pytorch_tree, tmp_path):
+    # release/2.1's MultiProcessTestCase cannot be collected by pytest 8. Its CI pins 7.3.2;
+    # the pin is read from the checkout, which here says another.
+    (pytorch_tree / ".ci" / "docker").mkdir(parents=True)
+    (pytorch_tree / ".ci" / "docker" / "requirements-ci.txt").write_text("pytest==7.2.1\n#Description: x\n")
+    python = fake_command(
+        tmp_path / "bin",
+        "python",
+        f'case "$2" in *torch.__file__*) echo {pytorch_tree}/torch/__init__.py ;; '
+        "*device_count*) echo 0 ;; *pytest.__version__*) echo 8.3.5 ;; esac",
+    )
+    result = script("test", "--torch-src", pytorch_tree, "--python", python)
+    assert result.returncode == 2
+    assert f"{python} has pytest 8.3.5, which cannot collect the tests against v2.1.2's source" in result.stderr
+    assert "-m pip install pytest==7.2.1" in result.stderr
+
+
 def test_torch_src_needs_a_pytorch_tree(tmp_path):
     result = script("test", "--torch-src", tmp_path, "--dry-run")
     assert result.returncode == 2 and "is not a git checkout" in result.stderr
