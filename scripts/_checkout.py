@@ -199,6 +199,14 @@ class Checkout:
         if applied == len(patches):
             return "applied"
         if applied:
+            # The first patches reverse-apply; the tree must still be one the series is for.
+            try:
+                if base.has_api:
+                    tree_state(base, self.version, (self.path / DDP).read_text())
+                else:
+                    base.check(self.version)
+            except (CheckoutError, bases.UnsupportedTorch) as e:
+                raise CheckoutError(f"{self.path}: {e}") from e
             return "partly applied"
         try:
             return tree_state(base, self.version, (self.path / DDP).read_text())

@@ -39,7 +39,12 @@ PACKAGE = "_ddp_update_process_group_overlay"
 # skipped), where DDP would call the stock Reducer's: so the patched distributed.py
 # loads them itself as it is imported, and fails to import without them.
 DDP_MODULE = "torch/nn/parallel/distributed.py"
-LOAD_EXTENSION = f"""
+
+
+def load_extension_source(torch_version: str) -> str:
+    """What the overlay appends to the installed distributed.py of torch ``torch_version``."""
+    stock = torch_version.split("+")[0]
+    return f"""
 
 # Added by torch_overlay: the Reducer methods that this file calls are the
 # overlay's, which its start-up hook loads; load them here too, for
@@ -49,8 +54,9 @@ try:
 except ImportError as _overlay_missing:
     raise ImportError(
         "torch/nn/parallel/distributed.py carries the update_process_group overlay, "
-        "whose extension ({PACKAGE}) cannot be imported: run `python -m torch_overlay "
-        "install` again, or `python -m torch_overlay uninstall` for the stock files"
+        "whose extension ({PACKAGE}) cannot be imported: install the overlay again "
+        "(scripts/overlay install in its repository), or restore the stock files with "
+        "pip install --force-reinstall --no-deps torch=={stock}"
     ) from _overlay_missing
 """
 OVERLAY_DIR = pathlib.Path(__file__).resolve().parent
@@ -394,7 +400,7 @@ def install(
         progress(f"applying {len(patches.patches)} patches to {', '.join(patches.applied)}")
         patched = apply_patches(tmp_dir / "tree", patches, sources)
         if DDP_MODULE in patched:
-            patched[DDP_MODULE] += LOAD_EXTENSION.encode()
+            patched[DDP_MODULE] += load_extension_source(torch.version).encode()
         include = tmp_dir / "include"
         for repo_path, data in patched.items():
             if repo_path.endswith(series_mod.HEADER_SUFFIXES):

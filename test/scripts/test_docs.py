@@ -13,9 +13,10 @@ LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 
 def anchors(page: pathlib.Path):
     """The anchors GitHub makes of a page's headings."""
-    found = set()
+    found, fenced = set(), False
     for line in page.read_text().splitlines():
-        if line.startswith("#"):
+        fenced ^= line.startswith("```")
+        if line.startswith("#") and not fenced:
             title = line.lstrip("#").strip().lower()
             found.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", title)))
     return found

@@ -401,7 +401,7 @@ def test_install_status_uninstall(repo, site, torch_dist, capsys):
     assert "bool reset_state();" in (site / "torch/include/torch/csrc/distributed/c10d/reducer.hpp").read_text()
     assert (site / (overlay.PACKAGE + ".pth")).read_text() == f"import {overlay.PACKAGE}\n"
     # Without the .pth file's start-up hook, distributed.py loads the extension itself.
-    assert distributed.endswith(overlay.LOAD_EXTENSION)
+    assert distributed.endswith(overlay.load_extension_source(torch_dist.version))
     assert overlay.status(repo, torch_dist, BASE) == 0
 
     overlay.install(repo, torch_dist, BASE, build)
@@ -414,6 +414,16 @@ def test_install_status_uninstall(repo, site, torch_dist, capsys):
     assert not (site / overlay.PACKAGE).exists()
     assert not (site / (overlay.PACKAGE + ".pth")).exists()
     assert overlay.status(repo, torch_dist, BASE) == 1
+
+
+def test_a_missing_extension_says_how_to_recover():
+    # The package gone, the patched distributed.py still there.
+    code = overlay.load_extension_source("2.1.2+cu121").replace(overlay.PACKAGE, "_no_such_overlay_package")
+    with pytest.raises(ImportError) as caught:
+        exec(compile(code, "distributed.py", "exec"), {})
+    message = str(caught.value)
+    assert "scripts/overlay install" in message
+    assert "pip install --force-reinstall --no-deps torch==2.1.2" in message
 
 
 def test_the_installed_overlay_loads_without_start_up_hooks(tmp_path):
