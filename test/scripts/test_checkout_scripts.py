@@ -4,6 +4,7 @@ import email.parser
 import os
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -482,6 +483,26 @@ def test_build_dry_run_says_what_would_fail(pytorch_tree, tmp_path):
     assert f"{python} cannot import yaml, which setup.py needs: run {python} -m pip install -r" in result.stderr
     result = script("build", pytorch_tree, "--python", python, env=dry_run_env(tmp_path))
     assert result.returncode == 2 and "the build would fail:\n  submodules not checked out" in result.stderr
+    # Checked out, then moved to another commit than the one recorded.
+    git(pytorch_tree, "-c", "protocol.file.allow=always", "submodule", "update", "-q", "--init")
+    git(module, "commit", "-q", "--allow-empty", "-m", "newer")
+    git(pytorch_tree / "third_party" / "gloo", "-c", "protocol.file.allow=always", "pull", "-q", str(module))
+    result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path))
+    assert "submodules at other commits than the checkout records (third_party/gloo)" in result.stderr
+
+
+def test_build_dry_run_says_when_cmake_is_missing(pytorch_tree, tmp_path):
+    # A PATH with git alone: no cmake, no cmake3.
+    only_git = tmp_path / "only-git"
+    only_git.mkdir()
+    (only_git / "git").symlink_to(shutil.which("git"))
+    result = script("build", pytorch_tree, "--dry-run", env={**dry_run_env(tmp_path), "PATH": str(only_git)})
+    assert result.returncode == 0, result.stderr
+    assert "the build would fail: neither cmake nor cmake3 is on PATH" in result.stderr
+    # cmake3 alone does, as PyTorch's build takes it.
+    fake_command(tmp_path / "cmake3-bin", "cmake3")
+    path = os.pathsep.join([str(only_git), str(tmp_path / "cmake3-bin")])
+    assert "cmake" not in script("build", pytorch_tree, "--dry-run", env={**dry_run_env(tmp_path), "PATH": path}).stderr
 
 
 def test_build_refuses_a_non_pytorch_tree(tmp_path):
