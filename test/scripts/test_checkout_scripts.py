@@ -825,6 +825,8 @@ def test_torch_src_names_the_pytest_that_collects_the_tests(pytorch_tree, tmp_pa
     assert result.returncode == 2
     assert f"{python} has pytest 8.3.5, which cannot collect the tests against v2.1.2's source" in result.stderr
     assert "-m pip install pytest==7.2.1" in result.stderr
+    result = script("test", "--torch-src", pytorch_tree, "--python", python, "--dry-run")
+    assert result.returncode == 0 and "test: warning: the runs would not collect: " in result.stderr
 
 
 def test_torch_src_needs_a_pytorch_tree(tmp_path):
