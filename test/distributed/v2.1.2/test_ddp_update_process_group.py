@@ -886,7 +886,7 @@ but got NoneType: None""",
         self._step(ddp, ddp, everyone, 0)
         _, other_pg = self._split()
         ddp._update_process_group(other_pg)
-        self.assertIsNone(ddp._comm_hook[0])
+        self.assertIsNone(ddp._registered_comm_hook[0])
         for step in range(1, 3):
             self._step(ddp, ddp, everyone, step)
 
@@ -912,7 +912,7 @@ new process group as its state.""",
         )
         self.assertIs(ddp.process_group, dist.group.WORLD)
         ddp._update_process_group(pg, update_comm_hook_state=lambda state, group: group)
-        self.assertIs(ddp._comm_hook[0], pg)
+        self.assertIs(ddp._registered_comm_hook[0], pg)
         for step in range(1, 3):
             self._step(ddp, ddp, members, step)
 
@@ -930,7 +930,7 @@ new process group as its state.""",
             # As a rank that joins counts: from 0.
             state.iter = 0
         ddp._update_process_group(pg)
-        self.assertIs(ddp._comm_hook[0], state)
+        self.assertIs(ddp._registered_comm_hook[0], state)
         self.assertIs(state.process_group, pg)
         self.assertEqual(state.iter, 2, msg="the ranks did not agree on iter")
         for step in range(2, 5):
@@ -959,7 +959,7 @@ _update_process_group(), where fn(state, new_process_group) returns a PostLocalS
 whose subgroup is made of the new group's ranks.""",
         )
         self.assertIs(ddp.process_group, dist.group.WORLD)
-        self.assertIs(ddp._comm_hook[0], state)
+        self.assertIs(ddp._registered_comm_hook[0], state)
         self.assertIsNone(state.process_group)
         self._step(ddp, ddp, everyone, 1)
 
@@ -1030,7 +1030,7 @@ whose subgroup is made of the new group's ranks.""",
             state.rng.randint(1_000_000_000, size=self.rank + 1)
         ddp._update_process_group(pg)
         # The registered state is the one the hook goes on with.
-        self.assertIs(ddp._comm_hook[0], state)
+        self.assertIs(ddp._registered_comm_hook[0], state)
         self.assertIs(state.process_group, pg)
         self.assertEqual(
             (state.iter, state.error_dict, state.p_memory_dict, state.q_memory_dict),
@@ -1077,31 +1077,14 @@ whose subgroup is made of the new group's ranks.""",
             copied = pickle.loads(pickle.dumps(ddp))
         else:
             copied = torch.optim.swa_utils.AveragedModel(ddp).module
-        self.assertIsNone(copied._comm_hook)
+        self.assertIsNone(copied._registered_comm_hook)
         for p, q in zip(ddp.parameters(), copied.parameters()):
             self.assertEqual(p, q)
 
     def test_zero_hook_with_a_power_sgd_state_is_refused(self):
         # The hook refuses before its state, which implements the protocol
         # too, would move and leave ZeroRedundancyOptimizer on the old group.
-        from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        self._init_default_group()
-        ddp = self._ddp()
-        zero = ZeroRedundancyOptimizer(
-            ddp.parameters(),
-            optimizer_class=torch.optim.SGD,
-            overlap_with_ddp=True,
-            lr=0.05,
-        )
-        # The hook is for NCCL only; it is never run here.
-        with mock.patch.object(
-            ddp_zero_hook.dist, "get_backend", return_value=dist.Backend.NCCL
-        ):
-            hook = ddp_zero_hook.hook_with_zero_step(
-                powerSGD_hook.powerSGD_hook, ddp, zero
-            )
+        ddp, hook = self._ddp_with_zero_hook(powerSGD_hook.powerSGD_hook)
         state = powerSGD_hook.PowerSGDState(ddp.process_group)
         ddp.register_comm_hook(state, hook)
         _, pg = self._split()
@@ -1179,7 +1162,7 @@ whose subgroup is made of the new group's ranks.""",
         )
         ddp._update_process_group(pg)
         self.assertFalse(upcast_state.wait_for_stream_enqueued)
-        self.assertIs(ddp._comm_hook[0], upcast_state)
+        self.assertIs(ddp._registered_comm_hook[0], upcast_state)
 
         ddp = self._ddp(process_group=pg)
         # As DDP registers it for optimizers applied in backward.
@@ -1193,7 +1176,11 @@ whose subgroup is made of the new group's ranks.""",
         ddp._update_process_group(dist.new_group(list(range(self.world_size))))
         self.assertFalse(optim_state.wait_for_optim_stream_enqueued)
 
-    def test_zero_hook_is_refused(self):
+    def _ddp_with_zero_hook(self, wrapped):
+        """A DDP module with ``wrapped`` under ``hook_with_zero_step``; returns both.
+
+        The hook is for NCCL only; it is never run here.
+        """
         from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -1205,13 +1192,13 @@ whose subgroup is made of the new group's ranks.""",
             overlap_with_ddp=True,
             lr=0.05,
         )
-        # The hook is for NCCL only; it is never run here.
         with mock.patch.object(
             ddp_zero_hook.dist, "get_backend", return_value=dist.Backend.NCCL
         ):
-            hook = ddp_zero_hook.hook_with_zero_step(
-                default_hooks.allreduce_hook, ddp, zero
-            )
+            return ddp, ddp_zero_hook.hook_with_zero_step(wrapped, ddp, zero)
+
+    def test_zero_hook_is_refused(self):
+        ddp, hook = self._ddp_with_zero_hook(default_hooks.allreduce_hook)
         ddp.register_comm_hook(ddp.process_group, hook)
         _, pg = self._split()
         with self.assertRaises(ValueError) as caught:
@@ -1263,7 +1250,7 @@ moves with the module's process group). Leave update_comm_hook_state out.""",
             copied = pickle.loads(pickle.dumps(ddp))
         else:
             copied = torch.optim.swa_utils.AveragedModel(ddp).module
-        self.assertIsNone(copied._comm_hook)
+        self.assertIsNone(copied._registered_comm_hook)
         for p, q in zip(ddp.parameters(), copied.parameters()):
             self.assertEqual(p, q)
 
@@ -1331,7 +1318,7 @@ moves with the module's process group). Leave update_comm_hook_state out.""",
         self.assertIs(ddp.process_group, dist.group.WORLD)
         state.process_group = pg
         ddp._update_process_group(pg)
-        self.assertIs(ddp._comm_hook[0], state)
+        self.assertIs(ddp._registered_comm_hook[0], state)
         for step in range(1, 4):
             self._step(ddp, ddp, members, step)
 

@@ -1681,24 +1681,7 @@ whose subgroup is made of the new group's ranks.""",
     def test_zero_hook_with_a_power_sgd_state_is_refused(self):
         # The hook refuses before its state, which implements the protocol
         # too, would move and leave ZeroRedundancyOptimizer on the old group.
-        from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        self._init_default_group()
-        ddp = self._ddp()
-        zero = ZeroRedundancyOptimizer(
-            ddp.parameters(),
-            optimizer_class=torch.optim.SGD,
-            overlap_with_ddp=True,
-            lr=0.05,
-        )
-        # The hook is for NCCL only; it is never run here.
-        with mock.patch.object(
-            ddp_zero_hook.dist, "get_backend", return_value=dist.Backend.NCCL
-        ):
-            hook = ddp_zero_hook.hook_with_zero_step(
-                powerSGD_hook.powerSGD_hook, ddp, zero
-            )
+        ddp, hook = self._ddp_with_zero_hook(powerSGD_hook.powerSGD_hook)
         state = powerSGD_hook.PowerSGDState(ddp.process_group)
         ddp.register_comm_hook(state, hook)
         _, pg = self._split()
@@ -1784,7 +1767,11 @@ whose subgroup is made of the new group's ranks.""",
         ddp._update_process_group(dist.new_group(list(range(self.world_size))))
         self.assertFalse(optim_state.wait_for_optim_stream_enqueued)
 
-    def test_zero_hook_is_refused(self):
+    def _ddp_with_zero_hook(self, wrapped):
+        """A DDP module with ``wrapped`` under ``hook_with_zero_step``; returns both.
+
+        The hook is for NCCL only; it is never run here.
+        """
         from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -1796,13 +1783,13 @@ whose subgroup is made of the new group's ranks.""",
             overlap_with_ddp=True,
             lr=0.05,
         )
-        # The hook is for NCCL only; it is never run here.
         with mock.patch.object(
             ddp_zero_hook.dist, "get_backend", return_value=dist.Backend.NCCL
         ):
-            hook = ddp_zero_hook.hook_with_zero_step(
-                default_hooks.allreduce_hook, ddp, zero
-            )
+            return ddp, ddp_zero_hook.hook_with_zero_step(wrapped, ddp, zero)
+
+    def test_zero_hook_is_refused(self):
+        ddp, hook = self._ddp_with_zero_hook(default_hooks.allreduce_hook)
         ddp.register_comm_hook(ddp.process_group, hook)
         _, pg = self._split()
         with self.assertRaises(ValueError) as caught:
