@@ -797,14 +797,19 @@ def test_torch_src_needs_a_build_of_that_checkout(pytorch_tree):
     assert f"is not the develop build of {pytorch_tree}" in result.stderr
 
 
-def test_torch_src_needs_the_test_tools(pytorch_tree, tmp_path):
-    # An interpreter that imports the checkout's torch, but not pytest-rerunfailures.
-    python = fake_command(
+def source_build_python(tmp_path, tree, answer):
+    """An interpreter that imports ``tree``'s torch, sees no GPU, and answers one more query: ``answer``,
+    a case of a shell ``case`` statement on its -c code."""
+    return fake_command(
         tmp_path / "bin",
         "python",
-        f'case "$2" in *torch.__file__*) echo {pytorch_tree}/torch/__init__.py ;; '
-        "*device_count*) echo 0 ;; *find_spec*) echo pytest_rerunfailures ;; esac",
+        f'case "$2" in *torch.__file__*) echo {tree}/torch/__init__.py ;; *device_count*) echo 0 ;; {answer} esac',
     )
+
+
+def test_torch_src_needs_the_test_tools(pytorch_tree, tmp_path):
+    # An interpreter that imports the checkout's torch, but not pytest-rerunfailures.
+    python = source_build_python(tmp_path, pytorch_tree, "*find_spec*) echo pytest_rerunfailures ;;")
     result = script("test", "--torch-src", pytorch_tree, "--python", python)
     assert result.returncode == 2
     assert f"{python} cannot import pytest_rerunfailures, which the tests run with" in result.stderr
@@ -815,12 +820,7 @@ def test_torch_src_names_the_pytest_that_collects_the_tests(pytorch_tree, tmp_pa
     # the pin is read from the checkout, which here says another.
     (pytorch_tree / ".ci" / "docker").mkdir(parents=True)
     (pytorch_tree / ".ci" / "docker" / "requirements-ci.txt").write_text("pytest==7.2.1\n#Description: x\n")
-    python = fake_command(
-        tmp_path / "bin",
-        "python",
-        f'case "$2" in *torch.__file__*) echo {pytorch_tree}/torch/__init__.py ;; '
-        "*device_count*) echo 0 ;; *pytest.__version__*) echo 8.3.5 ;; esac",
-    )
+    python = source_build_python(tmp_path, pytorch_tree, "*pytest.__version__*) echo 8.3.5 ;;")
     result = script("test", "--torch-src", pytorch_tree, "--python", python)
     assert result.returncode == 2
     assert f"{python} has pytest 8.3.5, which cannot collect the tests against v2.1.2's source" in result.stderr
