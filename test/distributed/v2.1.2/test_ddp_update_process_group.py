@@ -1256,41 +1256,45 @@ moves with the module's process group). Leave update_comm_hook_state out.""",
 
     def test_recover_when_future_completes_on_enqueue(self):
         # NCCL completes a work's future when the collective is enqueued, not
-        # when it finishes. This hook does the same on Gloo in the failed pass:
-        # the buckets that pass launched are still written afterwards, and
-        # their futures cannot tell.
+        # when it finishes. This hook does the same in the failed pass: its
+        # futures complete at once, and the collectives write their buckets
+        # later, when the next pass's first bucket is reduced, with values no
+        # gradient has. A bucket that kept its storage gets them.
         self._init_default_group()
         ddp = self._ddp()
         everyone = list(range(self.world_size))
         recovery_pg = dist.new_group(everyone)
 
         def hook(state, bucket):
-            tensor = bucket.buffer().div_(state["group"].size())
+            for late_write in state["late_writes"]:
+                late_write()
+            state["late_writes"].clear()
+            tensor = bucket.buffer()
+            if state["complete_on_enqueue"]:
+                state["late_writes"].append(lambda: tensor.fill_(1e6))
+                fut = torch.futures.Future()
+                fut.set_result(tensor)
+                return fut
+            tensor.div_(state["group"].size())
             work = dist.all_reduce(tensor, group=state["group"], async_op=True)
-            if not state["complete_on_enqueue"]:
-                return work.get_future().then(lambda fut: fut.value()[0])
-            state["pending"].append(work)
-            fut = torch.futures.Future()
-            fut.set_result(tensor)
-            return fut
+            return work.get_future().then(lambda fut: fut.value()[0])
 
         state = {
             "group": ddp.process_group,
             "complete_on_enqueue": False,
-            "pending": [],
+            "late_writes": [],
         }
         ddp.register_comm_hook(state, hook)
         self._step(ddp, ddp, everyone, 0)
         state["complete_on_enqueue"] = True
-        self._failed_step(
-            ddp, ddp, 1, raise_at="input", delay_s=2.0 if self.rank == 1 else 0.0
-        )
+        self._failed_step(ddp, ddp, 1, raise_at="input")
+        self.assertTrue(state["late_writes"], msg="the failed pass launched no bucket")
         ddp._update_process_group(
             recovery_pg,
             update_comm_hook_state=lambda old, group: {
                 "group": group,
                 "complete_on_enqueue": False,
-                "pending": [],
+                "late_writes": old["late_writes"],
             },
         )
         for step in range(2, 4):
