@@ -34,6 +34,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::is_method(reducer),
       py::call_guard<py::gil_scoped_release>());
 #endif
+#ifdef TORCH_OVERLAY_BIND_BACKWARD_PASS_UNFINISHED
+  reducer.attr("_backward_pass_unfinished") = py::cpp_function(
+      &::c10d::Reducer::backward_pass_unfinished,
+      py::name("_backward_pass_unfinished"),
+      py::is_method(reducer),
+      py::call_guard<py::gil_scoped_release>());
+#endif
 #ifdef TORCH_OVERLAY_BIND_NEXT_ITERATION_RECORDS_STATIC_GRAPH
   reducer.attr("_next_iteration_records_static_graph") = py::cpp_function(
       &::c10d::Reducer::next_iteration_records_static_graph,

@@ -58,6 +58,7 @@ def test_replacement_of_a_line_the_patch_does_not_add_is_refused(tmp_path):
 def test_every_mutant_fits_the_series(base, mutant):
     assert ("kills" in mutant) != ("survives" in mutant), "a mutant says either what kills it or why it survives"
     assert ("survives" in mutant) == ("runs" in mutant), "a survivor says which tests exercise it"
+    assert "needs_gpu" not in mutant or "kills" in mutant, "a mutant that needs a GPU names the CUDA case that kills it"
     patch = sorted(base.patches(REPO).glob(mutant["patch"] + "-*.patch"))
     assert len(patch) == 1
     added = patch[0].read_text().split("\n")
@@ -75,6 +76,13 @@ def test_every_mutant_fits_the_series(base, mutant):
                 assert "-" + old not in in_file, f"{other.name} removes {old!r}, and the mutant with it"
             if other.name[:4] != mutant["patch"]:
                 assert "+" + old not in in_file, f"{other.name} adds {old!r} to {path} too"
+
+
+def test_a_mutant_that_needs_a_gpu_runs_only_with_one():
+    mutant = {"name": "m", "kills": "test_x", "needs_gpu": "DDP's mixed precision casts on a CUDA stream"}
+    assert mutants.not_run_reason(mutant, has_gpu=False) == "needs a GPU: DDP's mixed precision casts on a CUDA stream"
+    assert mutants.not_run_reason(mutant, has_gpu=True) == ""
+    assert mutants.not_run_reason({"name": "m", "kills": "test_x"}, has_gpu=False) == ""
 
 
 def test_ci_runs_only_known_mutants():

@@ -216,6 +216,7 @@ def test_v2_14_series_roles(tmp_path):
     hooks = "torch/distributed/algorithms/ddp_comm_hooks/"
     for path in ("torch/nn/parallel/distributed.py", "torch/distributed/distributed_c10d.py",
                  "torch/_C/_distributed_c10d.pyi", "torch/testing/_internal/distributed/distributed_test.py",
+                 "torch/distributed/algorithms/join.py",
                  *(hooks + name for name in ("ddp_zero_hook.py", "mixed_precision_hooks.py",
                                              "optimizer_overlap_hooks.py", "post_localSGD_hook.py",
                                              "powerSGD_hook.py"))):
@@ -228,8 +229,8 @@ def test_v2_14_series_roles(tmp_path):
     s = series.read_series(upstream.patches(REPO), site, replaceable=True)
     assert [r.name for r in s.replaced] == ["Reducer::update_process_group", "Reducer::reset_state"]
     # 0008 gives reset_state() a parameter, and its binding in init.cpp an argument:
-    # a changed binding of a replaced function.
-    assert s.replaced[1].text.startswith("void Reducer::reset_state(bool keep_armed) {")
+    # a changed binding of a replaced function; 0026 has it return whether it abandoned a pass.
+    assert s.replaced[1].text.startswith("bool Reducer::reset_state(bool keep_armed) {")
     assert sorted(s.bound_methods) == [
         "_next_iteration_records_static_graph", "_remove_comm_hook", "_set_process_group_data"]
     added = "".join(f.text for f in s.fragments)
@@ -284,6 +285,7 @@ def test_renames_reach_only_the_replaced_functions(tmp_path, site):
     source = overlay.renames_source(series.read_series(PATCHES, site), include)
     defines = [line for line in source.splitlines() if "#define" in line]
     assert defines == [
+        "#define TORCH_OVERLAY_BIND_BACKWARD_PASS_UNFINISHED",
         "#define TORCH_OVERLAY_BIND_REMOVE_COMM_HOOK",
         "#define TORCH_OVERLAY_BIND_RESET_STATE",
         "#define TORCH_OVERLAY_BIND_SET_PROCESS_GROUP_DATA",

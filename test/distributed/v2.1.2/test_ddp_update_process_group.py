@@ -1,5 +1,6 @@
 # Owner(s): ["oncall: distributed"]
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -168,6 +169,43 @@ def _abort_nccl_group(group):
     else:
         # Releases before _abort_process_group(), such as 2.1.
         group._get_backend(torch.device("cuda"))._abort()
+
+
+class _CountingGroup(dist.ProcessGroup):
+    """A process group that runs its collectives on ``inner``, and records their kinds.
+
+    With ``fail_at``, the collective of that number, from 1, raises instead.
+    """
+
+    def __init__(self, inner, fail_at=None):
+        super().__init__(inner.rank(), inner.size())
+        self.inner = inner
+        self.collectives = []
+        self.fail_at = fail_at
+
+    def getBackendName(self):
+        return "counting"
+
+    def _get_backend(self, device):
+        # DDP checks that a new group has a backend for the module's device.
+        return self.inner._get_backend(device)
+
+    def _record(self, kind):
+        self.collectives.append(kind)
+        if len(self.collectives) == self.fail_at:
+            raise RuntimeError("simulated failed collective")
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        self._record("allgather")
+        return self.inner.allgather(output_tensors, input_tensors)
+
+    def broadcast(self, tensors, opts=None):
+        self._record("broadcast")
+        return self.inner.broadcast(tensors, opts or dist.BroadcastOptions())
+
+    def allreduce(self, tensors, opts=None):
+        self._record("allreduce")
+        return self.inner.allreduce(tensors, opts or dist.AllreduceOptions())
 
 
 @instantiate_parametrized_tests
@@ -730,18 +768,19 @@ class UpdateProcessGroupTestBase:
             self._step(ddp, ddp, members, step, set_to_none=False)
 
     def test_failed_bucket_alignment_changes_nothing(self):
-        # The collective that aligns the buckets comes before any change:
-        # rank 0 of the new group never calls, and the others time out.
+        # The collective that aligns the buckets, the fourth of the call
+        # (after the agreement to move and the model check), comes before any
+        # change: it fails on every rank.
         self._init_default_group()
         ddp = self._ddp()
         everyone = list(range(self.world_size))
         group = ddp.process_group
         self._step(ddp, ddp, everyone, 0)
-        unreachable = dist.new_group(everyone, timeout=timedelta(seconds=2))
-        if self.rank != 0:
-            with self.assertRaises(RuntimeError):
-                ddp._update_process_group(unreachable)
-            self.assertIs(ddp.process_group, group)
+        new = _CountingGroup(dist.new_group(everyone), fail_at=4)
+        with self.assertRaisesRegex(RuntimeError, "simulated failed collective"):
+            ddp._update_process_group(new)
+        self.assertEqual(new.collectives[-1], "broadcast")
+        self.assertIs(ddp.process_group, group)
         for step in range(1, 3):
             self._step(ddp, ddp, everyone, step)
 
@@ -1229,6 +1268,70 @@ moves with the module's process group). Leave update_comm_hook_state out.""",
         )
         self.assertIs(ddp.process_group, dist.group.WORLD)
 
+    @parametrize("refusal", ["comm_hook", "src", "no_sync"])
+    def test_refusal_on_one_rank_is_every_rank_s_verdict(self, refusal):
+        # Rank 1 alone refuses to move to a group of every rank: the others
+        # raise too, naming it, rather than wait for it in the call's next
+        # collective until the group's timeout, and all train on as before.
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        refuses = self.rank == 1
+        new = dist.new_group(everyone, timeout=timedelta(seconds=10))
+        # What this rank passes to the call that rank 1 refuses, and to the
+        # one that all accept.
+        refused, accepted = {}, {}
+        if refusal == "comm_hook":
+            # A state of None means the default group, which the hook would
+            # go on communicating over.
+            state = None if refuses else ddp.process_group
+            ddp.register_comm_hook(state, default_hooks.allreduce_hook)
+            if refuses:
+                accepted["update_comm_hook_state"] = lambda state, group: group
+        elif refusal == "src":
+            accepted = {"sync_module_states": True, "src": 0}
+            refused = {**accepted, "src": self.world_size if refuses else 0}
+        self._step(ddp, ddp, everyone, 0)
+        with contextlib.ExitStack() as stack:
+            if refusal == "no_sync" and refuses:
+                stack.enter_context(ddp.no_sync())
+            with self.assertRaises(Exception) as caught:
+                ddp._update_process_group(new, **refused)
+        own_error, reason = {
+            "comm_hook": (
+                ValueError,
+                "its communication hook cannot move to the new process group",
+            ),
+            "src": (ValueError, "src is not a rank of the new process group"),
+            "no_sync": (RuntimeError, "it was called inside no_sync()"),
+        }[refusal]
+        if refuses:
+            self.assertIs(type(caught.exception), own_error)
+            self.assertNotIn("another rank", str(caught.exception))
+        else:
+            self.assertIs(type(caught.exception), RuntimeError)
+            self.assertEqual(
+                str(caught.exception),
+                "DistributedDataParallel._update_process_group() was refused on "
+                "another rank of the new process group, so it changes nothing on "
+                f"any of them (rank 1: {reason}). See the error raised there.",
+            )
+        self.assertIs(ddp.process_group, dist.group.WORLD)
+        self._step(ddp, ddp, everyone, 1)
+        ddp._update_process_group(new, **accepted)
+        self._step(ddp, ddp, everyone, 2)
+
+    def test_collective_rounds_of_a_call(self):
+        # Every rank of the new group agrees to move, in one allgather; then
+        # the reducer checks the model (two allgathers) and aligns the buckets
+        # (a broadcast).
+        self._init_default_group()
+        ddp = self._ddp()
+        new = _CountingGroup(dist.new_group(list(range(self.world_size))))
+        ddp._update_process_group(new)
+        self.assertEqual(new.collectives, ["allgather"] * 3 + ["broadcast"])
+        self._step(ddp, ddp, list(range(self.world_size)), 0)
+
     def test_buffer_comm_hook_follows_group(self):
         self._init_default_group()
         ddp = self._ddp(module_cls=NetWithBuffer)
@@ -1465,27 +1568,26 @@ contains this rank first.""",
         self.assertEqual(cnt.frame_count, frames, msg="parking recompiled")
 
     def test_failed_rejoin_keeps_the_rank_parked(self):
-        # A parked rank rejoins, and the collective of the call fails: here it
-        # times out, as the members never enter it. The rank stays parked.
-        if self.backend == "nccl":
-            self.skipTest("NCCL does not report a timeout where work is waited on")
+        # A parked rank rejoins, and the model check of the call (its second
+        # collective, after the ranks agreed to move) fails on every rank: the
+        # rank stays parked.
         self._init_default_group()
         ddp = self._ddp()
         everyone = list(range(self.world_size))
         first = everyone[: self.world_size // 2]
         first_pg = dist.new_group(first)
-        rejoin_pg = dist.new_group(everyone, timeout=timedelta(seconds=2))
         ddp._update_process_group(first_pg)
+        new = _CountingGroup(dist.new_group(everyone), fail_at=2)
+        with self.assertRaisesRegex(RuntimeError, "simulated failed collective"):
+            ddp._update_process_group(new)
         if self.rank in first:
+            self.assertIs(ddp.process_group, first_pg)
             self._step(ddp, ddp, first, 0)
         else:
-            with self.assertRaisesRegex(RuntimeError, "[Tt]imed out"):
-                ddp._update_process_group(rejoin_pg)
             with self.assertRaisesRegex(
                 RuntimeError, "not a member of the process group"
             ):
                 ddp(_sample(self.rank, 0, self.device))
-        dist.barrier()
 
     def test_failed_sync_module_states_can_be_repeated(self):
         self._init_default_group()
@@ -1713,6 +1815,36 @@ reached the caller.""",
         for step in range(1, 3):
             self._step(ddp, ddp, members, step)
 
+    def test_call_inside_join_changes_nothing(self):
+        # The context keeps the group it was entered with. A context that
+        # raised has ended too, although the caller still holds it.
+        self._init_default_group()
+        ddp = self._ddp()
+        everyone = list(range(self.world_size))
+        group = ddp.process_group
+        members, pg = self._split()
+        context = ddp.join()
+        with context:
+            self._step(ddp, ddp, everyone, 0)
+            with self.assertRaises(RuntimeError) as caught:
+                ddp._update_process_group(pg)
+            self._step(ddp, ddp, everyone, 1)
+        self.assertExpectedInline(
+            str(caught.exception),
+            """\
+DistributedDataParallel._update_process_group() cannot be called inside a Join \
+context of this module (join(), or torch.distributed.algorithms.Join): the context \
+runs the collectives that shadow those of the ranks that have joined on the process \
+group it was entered with. Call it before the context, or once it has exited.""",
+        )
+        self.assertIs(ddp.process_group, group)
+        context = ddp.join()
+        with self.assertRaises(SimulatedError):
+            with context:
+                raise SimulatedError(f"simulated failure on rank {self.rank}")
+        ddp._update_process_group(pg)
+        self._step(ddp, ddp, members, 2)
+
     def test_call_inside_no_sync_changes_nothing(self):
         self._init_default_group()
         ddp = self._ddp()
@@ -1814,6 +1946,64 @@ class UpdateProcessGroupCudaTestBase:
             ]
             mine.append(groups[self.rank])
         return mine
+
+    def _mixed_precision_ddp(self):
+        """A DDP module in mixed precision, on the default group of every rank.
+
+        DDP's mixed precision needs CUDA: it casts on a stream.
+        """
+        from torch.nn.parallel.distributed import _MixedPrecision
+
+        self._init_default_group()
+        return self._ddp(
+            mixed_precision=_MixedPrecision(
+                param_dtype=torch.float16,
+                reduce_dtype=torch.float16,
+                buffer_dtype=torch.float16,
+            )
+        )
+
+    def test_mixed_precision_after_an_interrupted_pass(self):
+        # A backward pass that raised before fc2 and fc1 had their gradients
+        # left them in low precision, with their post-backward hooks: the
+        # change puts them back, or the next forward pass adds a second hook
+        # to each, and the reducer finds a parameter marked ready twice.
+        ddp = self._mixed_precision_ddp()
+        ddp.zero_grad(set_to_none=True)
+        _loss(ddp(_sample(self.rank, 0, self.device))).backward()
+        self._failed_step(ddp, ddp, 1, raise_at="fc2")
+        self.assertTrue(
+            any(hasattr(p, "_ddp_mp_hook_state") for p in ddp.parameters()),
+            msg="the failed pass left no post-backward hook to remove",
+        )
+        ddp._update_process_group(dist.new_group(list(range(self.world_size))))
+        for name, p in ddp.module.named_parameters():
+            self.assertEqual(p.dtype, torch.float32, msg=name)
+            self.assertFalse(hasattr(p, "_ddp_mp_hook_state"), msg=name)
+        for step in range(2, 4):
+            ddp.zero_grad(set_to_none=True)
+            _loss(ddp(_sample(self.rank, step, self.device))).backward()
+            for name, p in ddp.module.named_parameters():
+                self.assertEqual(p.dtype, torch.float32, msg=name)
+                self.assertEqual(p.grad.dtype, torch.float32, msg=name)
+
+    def test_mixed_precision_forward_pass_before_the_change(self):
+        # The change keeps the low precision copies and the post-backward
+        # hooks of a forward pass whose backward pass comes after it: that
+        # pass needs them, reduces over the new group and ends the mixed
+        # precision itself.
+        ddp = self._mixed_precision_ddp()
+        ddp.zero_grad(set_to_none=True)
+        _loss(ddp(_sample(self.rank, 0, self.device))).backward()
+        ddp.zero_grad(set_to_none=True)
+        out = ddp(_sample(self.rank, 1, self.device))
+        ddp._update_process_group(dist.new_group(list(range(self.world_size))))
+        _loss(out).backward()
+        torch.cuda.synchronize()
+        for name, p in ddp.module.named_parameters():
+            self.assertEqual(p.dtype, torch.float32, msg=name)
+            self.assertEqual(p.grad.dtype, torch.float32, msg=name)
+            self.assertFalse(hasattr(p, "_ddp_mp_hook_state"), msg=name)
 
     @parametrize("gradient_as_bucket_view", [False, True])
     def test_recover_while_a_stream_still_writes(self, gradient_as_bucket_view):
