@@ -29,6 +29,7 @@ import torch._dynamo
 import torch._dynamo.testing
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._C._distributed_c10d import _create_work_from_future
 from torch.distributed.algorithms.ddp_comm_hooks import (
     default_hooks,
     post_localSGD_hook,
@@ -169,6 +170,93 @@ def _abort_nccl_group(group):
     else:
         # Releases before _abort_process_group(), such as 2.1.
         group._get_backend(torch.device("cuda"))._abort()
+
+
+@torch.no_grad()
+def _write_late(t):
+    """Writes into ``t`` as a collective of a failed pass would, long after.
+
+    On CUDA it writes on a stream of its own, as NCCL does, after everything
+    enqueued so far.
+    """
+    if not t.is_cuda:
+        stream = None
+    else:
+        stream = torch.cuda.Stream(t.device)
+        stream.wait_stream(torch.cuda.current_stream(t.device))
+    with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+        if t.dtype == torch.int:
+            t.fill_(1)
+        else:
+            t.mul_(1e6)
+    if stream:
+        t.record_stream(stream)
+
+
+def _memory(t):
+    return (t._values() if t.is_sparse else t).untyped_storage().data_ptr()
+
+
+class _HeldGroup(dist.ProcessGroup):
+    """A process group that runs its collectives on ``inner``, or holds them back.
+
+    While ``holding``, an allreduce does not run: it returns a work that is
+    pending, as the collective of a backward pass whose peer died is. Such a
+    collective may still complete later and write its tensors in place. Here
+    it does when the test calls :meth:`release`, or, after
+    ``release_before(other)``, just before ``other`` runs an allreduce of the
+    same memory: the worst moment, as the next iteration's own collective of
+    those tensors starts. A released collective writes ``1e6`` times the
+    values, or ones into a map of used parameters (see :func:`_write_late`).
+    """
+
+    def __init__(self, inner):
+        super().__init__(inner.rank(), inner.size())
+        self.inner = inner
+        self.holding = False
+        self.held = []
+        self._release_into = []
+
+    def getBackendName(self):
+        # Not the inner group's name, whose backend objects this group lacks.
+        return "held"
+
+    def _get_backend(self, device):
+        # DDP checks that a new group has a backend for the module's device.
+        return self.inner._get_backend(device)
+
+    def allreduce(self, tensors, opts=None):
+        for other in self._release_into:
+            other.release(sharing_memory_with=tensors)
+        if not self.holding:
+            return self.inner.allreduce(tensors, opts or dist.AllreduceOptions())
+        cuda = [t.device for t in tensors if t.is_cuda]
+        future = torch.futures.Future(devices=cuda or None)
+        self.held.append((tensors, future))
+        return _create_work_from_future(future)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        return self.inner.allgather(output_tensors, input_tensors)
+
+    def broadcast(self, tensors, opts=None):
+        return self.inner.broadcast(tensors, opts or dist.BroadcastOptions())
+
+    def release_before(self, other):
+        other._release_into.append(self)
+
+    def release(self, sharing_memory_with=None):
+        """Completes the held collectives, or those that write this memory."""
+        memory = {_memory(t) for t in sharing_memory_with or ()}
+        pending = []
+        for tensors, future in self.held:
+            if memory and not memory & {_memory(t) for t in tensors}:
+                pending.append((tensors, future))
+                continue
+            for t in tensors:
+                _write_late(t)
+            if not future.done():
+                future.set_result(tensors)
+        self.held = pending
 
 
 class _CountingGroup(dist.ProcessGroup):
@@ -333,31 +421,24 @@ class UpdateProcessGroupTestBase:
         if optimizer is not None:
             optimizer.step()
 
-    def _failed_step(self, model, ddp, step, raise_at="input", delay_s=0.0):
+    def _failed_step(self, model, ddp, step, raise_at="input"):
         """Runs a backward pass that raises part way through.
 
         ``raise_at="input"`` raises once every parameter has its gradient, so
         every bucket's allreduce has been launched; ``"fc2"`` raises before
         fc2 and fc1 have theirs, so only buckets that hold nothing but fc3's
         parameters have been.
-        ``delay_s`` makes this rank reach fc1's gradient late, which keeps the
-        allreduces of the other ranks in flight for that long.
         """
         handles = []
 
         def fail(grad):
             raise SimulatedError(f"simulated failure on rank {self.rank}")
 
-        def delay(grad):
-            time.sleep(delay_s)
-
         x = _sample(self.rank, step, self.device).requires_grad_()
         if raise_at == "input":
             x = _RaiseInBackward.apply(x)
         else:
             handles.append(ddp.module.fc2.weight.register_hook(fail))
-        if delay_s:
-            handles.append(ddp.module.fc1.weight.register_hook(delay))
         try:
             with self.assertRaises(SimulatedError):
                 _loss(model(x)).backward()
@@ -523,32 +604,37 @@ class UpdateProcessGroupTestBase:
     def test_recover_while_allreduce_in_flight(
         self, find_unused_parameters, gradient_as_bucket_view
     ):
-        # Rank 1 reaches fc1's gradient late in the failed pass, so the other
-        # ranks' allreduces of that pass are still in flight, on the buckets,
-        # when they recover and run the next step. Those allreduces complete
-        # once rank 1 catches up, and must not land in the next step's buckets.
+        # The failed pass launched its buckets' allreduces, and with
+        # find_unused_parameters that of the map of used parameters. They are
+        # held back, and write into their tensors just before the next step
+        # reduces the same memory, if it does: they must not land in it.
         self._init_default_group()
+        everyone = list(range(self.world_size))
+        old = _HeldGroup(dist.new_group(everyone))
+        new = _HeldGroup(dist.new_group(everyone))
         ddp = self._ddp(
+            process_group=old,
             find_unused_parameters=find_unused_parameters,
             gradient_as_bucket_view=gradient_as_bucket_view,
         )
-        everyone = list(range(self.world_size))
-        recovery_pg = dist.new_group(everyone)
         self._step(ddp, ddp, everyone, 0)
-        self._failed_step(
-            ddp, ddp, 1, raise_at="input", delay_s=2.0 if self.rank == 1 else 0.0
-        )
-        ddp._update_process_group(recovery_pg)
-        if self.rank != 1:
-            grads = [p.grad for p in ddp.parameters()]
-            if gradient_as_bucket_view:
-                # Views of a bucket that is still being written are dropped.
-                self.assertEqual(grads, [None] * len(grads))
-            else:
-                # Gradients in their own memory keep the failed pass's values.
-                self.assertTrue(all(g is not None for g in grads))
-        for step in range(2, 4):
-            self._step(ddp, ddp, everyone, step)
+        old.holding = True
+        self._failed_step(ddp, ddp, 1, raise_at="input")
+        self.assertTrue(old.held, msg="the failed pass launched no allreduce")
+        old.release_before(new)
+        ddp._update_process_group(new)
+        grads = [p.grad for p in ddp.parameters()]
+        if gradient_as_bucket_view:
+            # Views of a bucket that is still being written are dropped.
+            self.assertEqual(grads, [None] * len(grads))
+        else:
+            # Gradients in their own memory keep the failed pass's values.
+            self.assertTrue(all(g is not None for g in grads))
+        # Without fc2 where the map of used parameters is reduced: the map of
+        # the failed pass, which used it, must not reach this step's.
+        self._step(ddp, ddp, everyone, 2, use_fc2=not find_unused_parameters)
+        old.release()
+        self._step(ddp, ddp, everyone, 3)
 
     def test_recover_when_old_group_is_dead(self):
         # The upper half of the ranks stop issuing collectives on the old group
@@ -742,26 +828,32 @@ class UpdateProcessGroupTestBase:
 
     def test_sparse_gradients(self):
         # A sparse bucket's collective writes into the parameter's .grad
-        # itself: a late write of the failed pass must not reach a gradient
-        # that the next step zeroes in place and accumulates into.
+        # itself: a late write of the failed pass, held back until the next
+        # step reduces the same memory, must not reach a gradient that the
+        # next step zeroes in place and accumulates into.
         if self.backend == "nccl":
             self.skipTest("NCCL has no sparse allreduce")
         self._init_default_group()
-        ddp = self._ddp(module_cls=NetWithSparseEmbedding)
         everyone = list(range(self.world_size))
-        recovery_pg = dist.new_group(everyone)
+        old = _HeldGroup(dist.new_group(everyone))
+        new = _HeldGroup(dist.new_group(everyone))
+        ddp = self._ddp(module_cls=NetWithSparseEmbedding, process_group=old)
         for step in range(2):
             self._step(ddp, ddp, everyone, step, set_to_none=False)
-        self._failed_step(
-            ddp, ddp, 2, raise_at="input", delay_s=2.0 if self.rank == 1 else 0.0
+        old.holding = True
+        self._failed_step(ddp, ddp, 2, raise_at="input")
+        self.assertTrue(
+            any(t.is_sparse for tensors, _ in old.held for t in tensors),
+            msg="the failed pass launched no sparse allreduce",
         )
-        ddp._update_process_group(recovery_pg)
-        if self.rank != 1:
-            self.assertIsNone(
-                ddp.module.emb.weight.grad, msg="the in-flight sparse gradient was kept"
-            )
+        old.release_before(new)
+        ddp._update_process_group(new)
+        self.assertIsNone(
+            ddp.module.emb.weight.grad, msg="the in-flight sparse gradient was kept"
+        )
         for step in range(3, 5):
             self._step(ddp, ddp, everyone, step, set_to_none=False)
+        old.release()
         members, pg = self._split()
         ddp._update_process_group(pg)
         for step in range(5, 7):
