@@ -388,6 +388,9 @@ def train(args, store) -> int:
                     )
                 step += 1
             else:
+                # Gloo's threads end here rather than in the interpreter's teardown, which
+                # can run after a peer has closed its connections.
+                dist.destroy_process_group()
                 return 0
         except RuntimeError as e:  # a collective failed: Gloo's error, the group's timeout, or wait_for_gpu()
             if "reconfigured in place" in str(e):
@@ -463,6 +466,9 @@ class Hosts:
     def remove(self) -> None:
         for uid in self.hosts:
             subprocess.run(["ip", "netns", "del", f"ddp-h{uid}"], capture_output=True)
+            # Where the namespace outlives its deletion (a process still in it, or a kernel
+            # that frees it later), so would the veth pair; deleting one end deletes both.
+            subprocess.run(["ip", "link", "del", f"ddpv{uid}"], capture_output=True)
         subprocess.run(["ip", "link", "del", self.BRIDGE], capture_output=True)
 
 

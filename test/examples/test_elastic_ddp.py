@@ -25,7 +25,10 @@ def launch(*args, timeout=240):
         text=True,
         timeout=timeout,
     )
-    return result.returncode, result.stdout
+    # The end of the workers' stderr (an abort's message, say) follows their stdout, so that a
+    # failure's message shows both; torch.compile's warnings about the profiler are left out.
+    errors = "".join(line for line in result.stderr.splitlines(True) if "Profiler function" not in line)
+    return result.returncode, result.stdout + errors[-1000:]
 
 
 def summary(out):
