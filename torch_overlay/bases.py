@@ -146,6 +146,9 @@ BASES: Dict[str, Base] = {
             # of the 2.11.0 wheel, the torch of the GPU machines (scripts/gpu-check).
             fixes=6,
             fixes_also_on=("2.11.0",),
+            # benchmarks/recovery_after_lost_rank.py runs torchft beside the series; it needs
+            # torch 2.7 or later, so the venvs of older bases go without it.
+            extra_requirements=("torchft==0.2.0",),
         ),
     )
 }

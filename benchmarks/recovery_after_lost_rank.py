@@ -1,0 +1,994 @@
+"""Recovery after a lost rank: DDP following its group, against torchft 0.2.0 and a restart.
+
+For each world size, model size and compile mode, a driver starts one process per replica
+(Gloo on CPU, a TCPStore the driver hosts), trains the transformer of
+resume_after_membership_change.py with Adam, SIGKILLs the last replica inside its backward
+pass at step --kill-step, and starts a new process in its place once the survivors have
+completed --join-after further steps. Paths:
+
+  a_reconfigure  every process keeps one group for the whole run and reconfigures it in
+                 place (dist._reconfigure); DDP follows with _update_process_group()
+  a              destroy and init the default group, then _update_process_group()
+  torchft        torchft's Manager, its DistributedDataParallel and its reconfigurable Gloo
+                 group, with a lighthouse the driver starts (its timeouts are reported)
+  c              a restart of every process, as TorchElastic does: from a checkpoint written
+                 after every step, on the loss and again on the join
+
+How a joining process is admitted: in a and a_reconfigure it builds, wraps and compiles its
+model and runs a step on a group of its own (the warm-up), then the driver admits it at a step
+boundary that it gives the members through the store (a few steps ahead, so that every member
+sees it in time). The call broadcasts the parameters and buffers from a member
+(sync_module_states=True), and a member broadcasts Adam's state; in torchft the joiner heals from
+a member through torchft's checkpoint transport inside its first quorum (use_async_quorum=False);
+in c every process loads the checkpoint. Detection differs: in a and a_reconfigure the driver,
+the processes' parent, sees the exit at once and publishes the survivors (an oracle, a lower
+bound on detection); torchft's lighthouse waits for the lost replica's heartbeat to expire.
+
+Reported per path: the time from the kill to the survivors' next completed optimizer step; from
+the new process's start to its first completed step; the failed attempts (steps whose update
+was discarded and done again) and the updates lost for good; whether every process's
+parameters and Adam state at the end equal those of a reference run, path a replayed with the
+same membership schedule and no fault (bitwise, else the largest difference of a parameter);
+the graphs compiled after each process's warm-up; the peak RSS of a step during recovery over
+the steady state's; the steady step time.
+
+Then, for the same configurations, with no fault: the steady step of stock DDP against the
+series (stock in processes that load the wheel's original Python files; interleaved, repeated,
+a 95% interval of the ratio and a verdict against GOALS), torchft's beside them; and the cost
+of the _update_process_group call against the collectives it makes, each timed alone on the
+same group with the same payloads.
+
+Writes a table to stdout and recovery_after_lost_rank.json to --out, a file that every cell
+updates, so that a run that stops can go on (--paths, --worlds, --sizes and --compile choose).
+Needs torch 2.14 with the series (the overlay venv of v2.14.1) and torchft 0.2.0.
+"""
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+if __name__ == "__main__" and "--stock" in sys.argv:
+    # Before torch is imported: this process runs the wheel's own Python files.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import stock_torch
+
+    stock_torch.use_stock_files()
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from resume_after_membership_change import compiled_graphs, LanguageModel, peak_rss_mb, reset_peak_rss, SEQUENCE, SIZES, VOCAB  # noqa: E402
+
+PATHS = ("a_reconfigure", "a", "torchft", "c")
+GOALS = {
+    "steady_over_stock": 1.02,  # the series' steady step over stock DDP's
+    "call_over_collectives": 1.5,  # the _update_process_group call over its collectives, timed alone
+}
+# The generations of a run: everyone, the survivors, everyone again with the new process.
+FIRST, SURVIVORS, REJOINED = 1, 2, 3
+BATCH = 4
+# What bounds a run before the plan of its last generation says where it ends.
+MAX_STEPS = 100000
+
+
+# The processes
+
+
+class Events:
+    """One JSON line per event, appended with os.write, so that a SIGKILL loses nothing written.
+
+    Times are time.monotonic_ns(), one clock for every process of the machine.
+    """
+
+    def __init__(self, directory: str, slot: int):
+        self.slot = slot
+        name = os.path.join(directory, f"{slot}-{os.getpid()}.jsonl")
+        self.fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+
+    def log(self, kind: str, **fields) -> None:
+        record = {"kind": kind, "t": time.monotonic_ns(), "slot": self.slot, "pid": os.getpid(), **fields}
+        os.write(self.fd, (json.dumps(record) + "\n").encode())
+
+
+def read_events(directory: str) -> List[dict]:
+    found = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".jsonl"):
+            with open(os.path.join(directory, name)) as f:
+                found += [json.loads(line) for line in f if line.endswith("\n")]
+    return sorted(found, key=lambda e: e["t"])
+
+
+def batch(step: int, slot: int):
+    """The tokens of ``slot`` at ``step``: a new process in a lost one's slot trains on its data."""
+    gen = torch.Generator().manual_seed(1000 * step + slot)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """Of the parameters and Adam's state, bit for bit."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+        for value in optimizer.state.get(p, {}).values():
+            h.update(value.numpy().tobytes() if isinstance(value, torch.Tensor) else repr(value).encode())
+    return h.hexdigest()[:16]
+
+
+def set_threads(args) -> None:
+    # The user's OMP_NUM_THREADS wins; else the cores shared among the processes.
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world))
+
+
+class Replica:
+    """A process of paths a, a_reconfigure and c, and of the reference runs (path a, no fault)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.slot = args.slot
+        self.events = Events(args.events, args.slot)
+        timeout = datetime.timedelta(seconds=args.timeout)
+        self.store = dist.TCPStore(args.host, args.port, is_master=False, timeout=timeout)
+        set_threads(args)
+        torch.manual_seed(0)
+        self.model = LanguageModel(SIZES[args.size])
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.step = 0
+        self.end = args.steps  # until a generation's plan says where the run ends
+
+    def wrap(self) -> None:
+        self.ddp = DistributedDataParallel(self.model)
+        self.net = torch.compile(self.ddp) if self.args.compile == "inductor" else self.ddp
+
+    def plan(self, generation: int) -> dict:
+        return json.loads(self.store.get(f"plan/{generation}"))
+
+    def train_step(self) -> None:
+        inputs, targets = batch(self.step, self.slot)
+        if self.args.kill_step == self.step:
+            # The embedding's gradient comes last, after the other buckets' allreduces started.
+            self.model.embed.weight.register_hook(self.die)
+        loss = self.loss_fn(self.net(inputs).flatten(0, 1), targets.flatten())
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def die(self, grad):
+        self.events.log("kill", step=self.step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def checkpoint(self) -> None:
+        tmp = self.args.checkpoint + ".tmp"
+        torch.save({"step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}, tmp)
+        os.replace(tmp, self.args.checkpoint)
+
+    def run(self) -> int:
+        generation = self.args.first_generation
+        if self.args.restarted:
+            # Path c: a process of a restart, from the checkpoint.
+            checkpoint = torch.load(self.args.checkpoint)
+            self.model.load_state_dict(checkpoint["model"])
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            self.step = checkpoint["step"]
+            plan = self.plan(generation)
+            self.end = plan.get("end", self.end)
+            self.init_group(plan, generation)
+            self.wrap()
+            graphs = 0
+        else:
+            self.init_solo_group()
+            self.wrap()
+            inputs, targets = batch(0, self.slot)
+            self.loss_fn(self.net(inputs).flatten(0, 1), targets.flatten()).backward()
+            self.optimizer.zero_grad(set_to_none=True)
+            graphs = compiled_graphs()
+            self.events.log("ready", graphs=graphs)
+            plan = None
+        while True:
+            if plan is None:
+                plan = self.plan(generation)
+                if self.slot not in plan["members"]:
+                    self.events.log("left", step=self.step)
+                    return 0
+                self.enter(plan, generation)
+            switch_key = f"switch/{generation}"
+            try:
+                while self.step < self.end:
+                    if self.store.check([switch_key]) and int(self.store.get(switch_key)) <= self.step:
+                        if int(self.store.get(switch_key)) < self.step:
+                            raise SystemExit(f"slot {self.slot} saw the switch at {self.store.get(switch_key)} at step {self.step}")
+                        break
+                    reset_peak_rss()
+                    self.events.log("attempt", step=self.step)
+                    self.train_step()
+                    self.step += 1
+                    if self.args.path == "c" and plan["members"][0] == self.slot:
+                        self.checkpoint()
+                    self.events.log("step", step=self.step - 1, generation=generation, rss_mb=peak_rss_mb())
+                else:
+                    break
+            except RuntimeError as e:  # a collective failed: the lost replica's peer closed its connections
+                self.events.log("failed", step=self.step, error=str(e).splitlines()[0][:200])
+                self.optimizer.zero_grad(set_to_none=True)
+            generation += 1
+            plan = None
+        self.events.log(
+            "final", step=self.step, digest=digest(self.model, self.optimizer), graphs_after_warmup=compiled_graphs() - graphs
+        )
+        torch.save([p.detach() for p in self.model.parameters()], os.path.join(self.args.events, f"final-{self.slot}.pt"))
+        dist.destroy_process_group()
+        return 0
+
+    def init_solo_group(self) -> None:
+        timeout = datetime.timedelta(seconds=self.args.collective_timeout)
+        if self.args.path == "a_reconfigure":
+            # One group for the whole run; its rank names this process in its handles.
+            dist.init_process_group(
+                "gloo", store=dist.PrefixStore("pg", self.store), rank=self.slot, world_size=self.slot + 1,
+                timeout=timeout, enable_reconfigure=True,
+            )
+            self.reconfigure([self.slot], 1000 + self.slot)
+        else:
+            dist.init_process_group(
+                "gloo", store=dist.PrefixStore(f"solo/{self.slot}/{os.getpid()}", self.store), rank=0, world_size=1
+            )
+
+    def reconfigure(self, members: List[int], uuid: int) -> None:
+        self.store.set(f"handle/{uuid}/{self.slot}", dist._get_reconfigure_handle())
+        handles = [self.store.get(f"handle/{uuid}/{member}").decode() for member in members]
+        dist._reconfigure(uuid, handles)
+
+    def init_group(self, plan: dict, generation: int) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"pg/{generation}/{plan.get('restart', 0)}", self.store),
+            rank=plan["members"].index(self.slot),
+            world_size=len(plan["members"]),
+            timeout=datetime.timedelta(seconds=self.args.collective_timeout),
+        )
+
+    def enter(self, plan: dict, generation: int) -> None:
+        """Joins generation ``plan``: the group, DDP, and Adam's state where a process joins."""
+        if self.args.path == "a_reconfigure":
+            self.reconfigure(plan["members"], generation)
+        else:
+            self.init_group(plan, generation)
+        src = plan["members"].index(plan["src"])
+        self.ddp._update_process_group(dist.group.WORLD, sync_module_states=True, src=src)
+        if plan["joiners"]:
+            state = [self.optimizer.state_dict()]
+            dist.broadcast_object_list(state, src=src)
+            self.optimizer.load_state_dict(state[0])
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step = plan["step"]
+        self.end = plan.get("end", self.end)
+        self.events.log("entered", generation=generation, members=plan["members"], step=self.step)
+
+
+def torchft_replica(args) -> int:
+    """A process of path torchft: a replica group of one process, as in torchft's examples."""
+    from torchft import Manager
+    from torchft.ddp import DistributedDataParallel as FtDistributedDataParallel
+    from torchft.process_group import ProcessGroupGloo as FtProcessGroupGloo
+
+    events = Events(args.events, args.slot)
+    timeout = datetime.timedelta(seconds=args.timeout)
+    store = dist.TCPStore(args.host, args.port, is_master=False, timeout=timeout)
+    replica_store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    set_threads(args)
+    torch.manual_seed(0)
+    model = LanguageModel(SIZES[args.size])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def load_state_dict(state):
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    manager = Manager(
+        pg=FtProcessGroupGloo(timeout=datetime.timedelta(seconds=args.collective_timeout)),
+        min_replica_size=args.world - 1,
+        load_state_dict=load_state_dict,
+        state_dict=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+        replica_id=f"replica_{args.slot}",  # torchft adds a uuid; its rank comes from these digits
+        store_addr="localhost",
+        store_port=replica_store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=args.lighthouse,
+        port=0,
+        use_async_quorum=False,
+        init_sync=False,
+        timeout=timeout,
+        quorum_timeout=timeout,
+        connect_timeout=timeout,
+    )
+    ddp = FtDistributedDataParallel(manager, model)
+    net = torch.compile(ddp) if args.compile == "inductor" else ddp
+    events.log("ready", graphs=0)
+    if not args.restarted:
+        # Every first replica asks for the first quorum together, so that it has them all.
+        store.add("torchft/ready", 1)
+        while int(store.add("torchft/ready", 0)) < args.world:
+            time.sleep(0.01)
+    warm = None
+    end = args.steps  # until the driver says where the run ends, once the new process is in
+    while manager.current_step() < end:
+        step = manager.current_step()
+        if store.check(["end"]):
+            end = int(store.get("end"))
+            if step > end:
+                raise SystemExit(f"slot {args.slot} is at step {step}, past the end at {end}")
+            if step == end:
+                break
+        reset_peak_rss()
+        manager.start_quorum()
+        optimizer.zero_grad(set_to_none=True)
+        if args.kill_step == step:
+            def die(grad, step=step):
+                events.log("kill", step=step)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            model.embed.weight.register_hook(die)
+        events.log("attempt", step=step)
+        inputs, targets = batch(step, args.slot)
+        try:
+            loss_fn(net(inputs).flatten(0, 1), targets.flatten()).backward()
+        except AssertionError as e:
+            # torchft 0.2.0: where the allreduce in its comm hook fails, the manager records the
+            # error, and then the hook's `assert fut._fut` fails (torchft/ddp.py), out of the
+            # backward pass. Caught here, the step is not committed, as torchft intends.
+            events.log("backward_raised", step=step, error=f"AssertionError: {e}")
+        committed = manager.should_commit()
+        if committed:
+            optimizer.step()
+            if warm is None and not args.restarted:
+                warm = compiled_graphs()  # the first step compiles
+            events.log("step", step=step, participants=manager.num_participants(), rss_mb=peak_rss_mb())
+        else:
+            events.log("failed", step=step)
+    events.log("final", step=manager.current_step(), digest=digest(model, optimizer),
+               graphs_after_warmup=compiled_graphs() - (warm or 0))
+    torch.save([p.detach() for p in model.parameters()], os.path.join(args.events, f"final-{args.slot}.pt"))
+    manager.shutdown(wait=False)
+    return 0
+
+
+# The driver
+
+
+class RunFailed(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class Cell:
+    world: int
+    size: str
+    compile: str
+    path: str
+
+    @property
+    def key(self) -> str:
+        return f"w{self.world}-{self.size}-{self.compile}-{self.path}"
+
+
+class Driver:
+    """Runs one cell, with the fault (``reference=None``) or as the replay of a schedule."""
+
+    def __init__(self, args, cell: Cell, workdir: str, reference: Optional[dict] = None, steady: Optional[int] = None):
+        # steady: path torchft for that many steps, with no fault.
+        self.args, self.cell, self.reference, self.steady = args, cell, reference, steady
+        self.events_dir = os.path.join(workdir, "events")
+        os.makedirs(self.events_dir)
+        self.checkpoint = os.path.join(workdir, "checkpoint.pt")
+        self.store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=args.timeout))
+        self.procs: Dict[int, subprocess.Popen] = {}  # by pid
+        self.spawned: Dict[int, int] = {}  # pid -> monotonic_ns at its start
+        self.lighthouse = None
+        self.victim = cell.world - 1
+
+    def spawn(self, slot: int, path: str, *, first_generation: int = FIRST, kill: bool = False,
+              restarted: bool = False) -> int:
+        cmd = [sys.executable, os.path.abspath(__file__), "--role", "torchft" if path == "torchft" else "replica"]
+        cmd += ["--slot", str(slot), "--world", str(self.cell.world), "--size", self.cell.size]
+        cmd += ["--compile-mode", self.cell.compile, "--path", path, "--steps", str(self.steady or MAX_STEPS)]
+        cmd += ["--port", str(self.store.port), "--events", self.events_dir, "--timeout", str(self.args.timeout)]
+        cmd += ["--first-generation", str(first_generation), "--checkpoint", self.checkpoint]
+        cmd += ["--collective-timeout", str(self.args.collective_timeout)]
+        if kill:
+            cmd += ["--kill-step-of-process", str(self.args.kill_step)]
+        if restarted:
+            cmd += ["--restarted"]
+        if self.lighthouse is not None:
+            cmd += ["--lighthouse", self.lighthouse.address()]
+        env = dict(os.environ)
+        if path == "torchft":
+            # torchft's users run stock torch: its DDP subclasses stock DDP here.
+            cmd[1:1] = ["-S"]
+            cmd += ["--stock"]
+            env[stock_torch_env()] = sysconfig.get_paths()["purelib"]
+        start = time.monotonic_ns()
+        stderr = open(os.path.join(self.events_dir, f"stderr-{slot}-{start}.txt"), "w")
+        proc = subprocess.Popen(cmd, env=env, stderr=stderr)
+        stderr.close()
+        self.procs[proc.pid], self.spawned[proc.pid] = proc, start
+        return proc.pid
+
+    def publish(self, generation: int, members: List[int], joiners: List[int], step: int, restart: int = 0,
+                end: int = None) -> None:
+        plan = {"members": members, "src": members[0], "joiners": joiners, "step": step, "restart": restart}
+        if end is not None:
+            plan["end"] = end
+        self.store.set(f"plan/{generation}", json.dumps(plan))
+
+    def last_error(self) -> str:
+        """The last line of the first process's stderr that ends in a Python exception."""
+        for name in sorted(os.listdir(self.events_dir)):
+            if name.startswith("stderr-"):
+                with open(os.path.join(self.events_dir, name)) as f:
+                    lines = [line.strip() for line in f if line.strip()]
+                if any(line.startswith("Traceback") for line in lines):
+                    return lines[-1][:300]
+        return "no traceback"
+
+    def events(self) -> List[dict]:
+        return read_events(self.events_dir)
+
+    def completed(self, slots) -> int:
+        """The last step that every process of ``slots`` completed since the fault (-1 if none)."""
+        last = {}
+        for e in self.events():
+            if e["kind"] == "step" and e["slot"] in slots:
+                last[e["slot"]] = max(last.get(e["slot"], -1), e["step"])
+        return min(last.get(s, -1) for s in slots)
+
+    def wait(self, condition, what: str) -> None:
+        deadline = time.monotonic() + self.args.timeout * 4
+        while not condition():
+            failed = {pid: p.returncode for pid, p in self.procs.items() if p.poll() not in (None, 0, -signal.SIGKILL)}
+            if failed:
+                raise RunFailed(f"processes exited with {sorted(failed.values())} while waiting for {what}: "
+                                f"{self.last_error()}")
+            if time.monotonic() > deadline:
+                raise RunFailed(f"timed out waiting for {what}")
+            time.sleep(0.005)
+
+    def run(self) -> List[dict]:
+        try:
+            if self.cell.path == "torchft":
+                self.run_torchft()
+            elif self.reference is not None:
+                self.run_reference()
+            else:
+                self.run_with_fault()
+            self.wait(lambda: all(p.poll() is not None for p in self.procs.values()), "the end of the run")
+            codes = sorted(p.returncode for p in self.procs.values())
+            if any(code not in (0, -signal.SIGKILL) for code in codes):
+                raise RunFailed(f"processes exited with {codes}")
+            return self.events()
+        finally:
+            for p in self.procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            if self.lighthouse is not None:
+                self.lighthouse.shutdown()
+
+    def run_reference(self) -> None:
+        """Path a, with the membership schedule of a run: the lost slot leaves at its step, the
+        new process joins at its; no process is killed."""
+        everyone, survivors = list(range(self.cell.world)), list(range(self.cell.world - 1))
+        self.publish(FIRST, everyone, [], 0)
+        self.store.set(f"switch/{FIRST}", str(self.reference["left_at"]))
+        self.publish(SURVIVORS, survivors, [], self.reference["left_at"])
+        self.store.set(f"switch/{SURVIVORS}", str(self.reference["joined_at"]))
+        self.publish(REJOINED, everyone, [self.victim], self.reference["joined_at"], end=self.reference["end"])
+        for slot in everyone:
+            self.spawn(slot, "a")
+        self.spawn(self.victim, "a", first_generation=REJOINED)
+
+    def run_with_fault(self) -> None:
+        path, everyone = self.cell.path, list(range(self.cell.world))
+        survivors = everyone[:-1]
+        first = {slot: self.spawn(slot, path, kill=slot == self.victim) for slot in everyone}
+        self.publish(FIRST, everyone, [], 0)
+        self.wait(lambda: self.procs[first[self.victim]].poll() is not None, "the kill")
+        if path == "c":
+            # TorchElastic's agent stops the other workers and starts them all again.
+            self.restart(survivors, SURVIVORS, restart=1)
+        else:
+            self.publish(SURVIVORS, survivors, [], 0)
+        self.wait(lambda: self.completed(survivors) >= self.args.kill_step + self.args.join_after, "the survivors")
+        if path == "c":
+            self.restart(everyone, REJOINED, restart=2)
+            return
+        pid = self.spawn(self.victim, path, first_generation=REJOINED)
+        self.wait(lambda: any(e["kind"] == "ready" and e["pid"] == pid for e in self.events()), "the new process")
+        # A boundary the members have not reached: they are at most a step apart.
+        at = self.completed(survivors) + 3
+        self.publish(REJOINED, everyone, [self.victim], at, end=at + self.args.steps_after_join)
+        self.store.set(f"switch/{SURVIVORS}", str(at))
+
+    def restart(self, slots: List[int], generation: int, restart: int) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        step = torch.load(self.checkpoint)["step"]
+        end = step + self.args.steps_after_join if generation == REJOINED else None
+        self.publish(generation, slots, [], step, restart=restart, end=end)
+        for slot in slots:
+            self.spawn(slot, "c", first_generation=generation, restarted=True)
+
+    def run_torchft(self) -> None:
+        from torchft._torchft import LighthouseServer
+
+        self.lighthouse = LighthouseServer(
+            bind="[::]:0",
+            min_replicas=self.cell.world - 1,
+            join_timeout_ms=self.args.lighthouse_join_timeout_ms,
+            quorum_tick_ms=self.args.lighthouse_tick_ms,
+            heartbeat_timeout_ms=self.args.lighthouse_heartbeat_timeout_ms,
+        )
+        everyone, survivors = list(range(self.cell.world)), list(range(self.cell.world - 1))
+        first = {slot: self.spawn(slot, "torchft", kill=slot == self.victim and not self.steady) for slot in everyone}
+        if self.steady:
+            return
+        self.wait(lambda: self.procs[first[self.victim]].poll() is not None, "the kill")
+        self.wait(lambda: self.completed(survivors) >= self.args.kill_step + self.args.join_after, "the survivors")
+        pid = self.spawn(self.victim, "torchft", restarted=True)
+        # Its first step is everyone's: the run ends a fixed number of steps after it.
+        self.wait(lambda: any(e["kind"] == "step" and e["pid"] == pid for e in self.events()), "the new process")
+        joined = next(e["step"] for e in self.events() if e["kind"] == "step" and e["pid"] == pid)
+        self.store.set("end", str(joined + self.args.steps_after_join))
+
+
+def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
+    """What one run with the fault says: its times, discarded attempts, RSS, graphs and schedule."""
+    kill = next(e for e in events if e["kind"] == "kill")
+    completed = [e for e in events if e["kind"] == "step"]
+    before = [e for e in completed if e["t"] < kill["t"]]
+    # A survivor may still complete the step before the kill's after it: not a recovery.
+    after = [e for e in completed if e["t"] > kill["t"] and e["step"] >= kill["step"]]
+    survivors = sorted({e["slot"] for e in completed if e["slot"] != victim})
+    # The survivors' next completed optimizer step: the last of them to complete one.
+    recovered = max(next(e["t"] for e in after if e["slot"] == s) for s in survivors)
+    first_join = next(e for e in after if e["slot"] == victim)
+    # The steady step: slot 0's, from the second step on (the first compiles), up to the kill.
+    slot0 = [e["t"] for e in before if e["slot"] == 0]
+    step_times = [(b - a) / 1e9 for a, b in zip(slot0[1:], slot0[2:])]
+    steady_rss = statistics.median(e["rss_mb"] for e in before if e["slot"] in survivors and e["step"] > 0)
+    recovery_rss = max(e["rss_mb"] for e in after if e["slot"] in survivors and e["t"] <= first_join["t"])
+    # Discarded: a survivor's attempt that its process never completed, or a step that a slot
+    # completed again after a restart from an older checkpoint. Lost: a step slot 0 never completed.
+    counts: Dict[tuple, int] = {}
+    for e in events:
+        if e["kind"] in ("attempt", "step") and e["slot"] != victim:
+            key = (e["pid"], e["step"])
+            counts[key] = counts.get(key, 0) + (1 if e["kind"] == "attempt" else -1)
+    discarded = sum(counts.values())
+    by_slot: Dict[tuple, int] = {}
+    for e in completed:
+        by_slot[(e["slot"], e["step"])] = by_slot.get((e["slot"], e["step"]), 0) + 1
+    discarded += sum(n - 1 for (slot, _), n in by_slot.items() if slot != victim)
+    finals = [e for e in events if e["kind"] == "final"]
+    end = max(e["step"] for e in finals)
+    return {
+        "end": end,
+        "kill_to_survivors_step_s": (recovered - kill["t"]) / 1e9,
+        "new_process_to_first_step_s": (first_join["t"] - spawned[first_join["pid"]]) / 1e9,
+        "left_at": kill["step"],
+        "joined_at": first_join["step"],
+        "discarded_attempts": discarded,
+        "lost_updates": len(set(range(end)) - {e["step"] for e in completed if e["slot"] == 0}),
+        "steady_step_s": statistics.median(step_times) if step_times else None,
+        "steady_rss_mb": steady_rss,
+        "recovery_rss_mb": recovery_rss,
+        "recovery_rss_over_steady": recovery_rss / steady_rss,
+        "graphs_after_warmup": sum(e["graphs_after_warmup"] for e in finals),
+        "digests": {str(e["slot"]): e["digest"] for e in finals},
+    }
+def compare_finals(run_dir: str, reference_dir: str, world: int) -> dict:
+    diffs = []
+    for slot in range(world):
+        run = torch.load(os.path.join(run_dir, f"final-{slot}.pt"))
+        ref = torch.load(os.path.join(reference_dir, f"final-{slot}.pt"))
+        diffs.append(max((a - b).abs().max().item() for a, b in zip(run, ref)))
+    return {"max_abs_diff": max(diffs), "parameters_bitwise_equal": max(diffs) == 0.0}
+
+
+# No fault: the steady step, and the call against its collectives
+
+
+def steady_replica(args) -> int:
+    """A rank that trains --warmup steps, then times --steps steps, with nothing else per step."""
+    events = Events(args.events, args.slot)
+    store = dist.TCPStore(args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=args.timeout))
+    set_threads(args)
+    torch.manual_seed(0)
+    model = LanguageModel(SIZES[args.size])
+    dist.init_process_group("gloo", store=dist.PrefixStore("steady", store), rank=args.slot, world_size=args.world)
+    ddp = DistributedDataParallel(model)
+    net = torch.compile(ddp) if args.compile == "inductor" else ddp
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    times = []
+    for step in range(args.warmup + args.steps):
+        inputs, targets = batch(step, args.slot)
+        start = time.perf_counter()
+        loss_fn(net(inputs).flatten(0, 1), targets.flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+    # Which DDP ran: the series adds this method, stock DDP has none.
+    series = hasattr(DistributedDataParallel, "_agree_on_process_group_update")
+    events.log("steady", times=times[args.warmup:], series=series)
+    dist.destroy_process_group()
+    return 0
+
+
+class RecordingGroup(dist.ProcessGroup):
+    """Runs the collectives of ``inner`` and records each: its kind, its tensors, its root."""
+
+    def __init__(self, inner):
+        super().__init__(inner.rank(), inner.size())
+        self.inner = inner
+        self.recorded = []
+
+    def getBackendName(self):
+        return "recording"
+
+    def allreduce(self, tensors, opts=None):
+        self.recorded.append(("allreduce", [t.clone() for t in tensors], None))
+        return self.inner.allreduce(tensors, opts or dist.AllreduceOptions())
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        self.recorded.append(("allgather", [t.clone() for t in input_tensors], None))
+        return self.inner.allgather(output_tensors, input_tensors, opts or dist.distributed_c10d.AllgatherOptions())
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.distributed_c10d.BroadcastOptions()
+        self.recorded.append(("broadcast", [t.clone() for t in tensors], opts.rootRank))
+        return self.inner.broadcast(tensors, opts)
+
+
+def run_collective(group, kind: str, tensors: List[torch.Tensor], root: Optional[int]) -> None:
+    if kind == "allreduce":
+        group.allreduce(tensors, dist.AllreduceOptions()).wait()
+    elif kind == "allgather":
+        outputs = [[torch.empty_like(t) for _ in range(group.size())] for t in tensors]
+        group.allgather(outputs, tensors, dist.distributed_c10d.AllgatherOptions()).wait()
+    else:
+        opts = dist.distributed_c10d.BroadcastOptions()
+        opts.rootRank = root
+        group.broadcast(tensors, opts).wait()
+
+
+def call_replica(args) -> int:
+    """Times _update_process_group() onto a new group of the same ranks, then its collectives alone."""
+    events = Events(args.events, args.slot)
+    store = dist.TCPStore(args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=args.timeout))
+    set_threads(args)
+    torch.manual_seed(0)
+    model = LanguageModel(SIZES[args.size])
+    dist.init_process_group("gloo", store=dist.PrefixStore("call", store), rank=args.slot, world_size=args.world)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    for step in range(3):  # past the first iteration, which rebuilds the buckets
+        inputs, targets = batch(step, args.slot)
+        loss_fn(ddp(inputs).flatten(0, 1), targets.flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    results = {}
+    for sync in (False, True):
+        # What the call sends, recorded once through a group that forwards to a real one.
+        recorder = RecordingGroup(dist.new_group(list(range(args.world))))
+        ddp._update_process_group(recorder, sync_module_states=sync)
+        calls = []
+        for _ in range(args.repeats):
+            group = dist.new_group(list(range(args.world)))
+            dist.barrier()
+            start = time.perf_counter()
+            ddp._update_process_group(group, sync_module_states=sync)
+            calls.append(time.perf_counter() - start)
+        group = dist.new_group(list(range(args.world)))
+        collectives = []
+        for kind, tensors, root in recorder.recorded:
+            alone = []
+            for _ in range(args.repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                run_collective(group, kind, tensors, root)
+                alone.append(time.perf_counter() - start)
+            collectives.append({"kind": kind, "bytes": sum(t.numel() * t.element_size() for t in tensors),
+                                "s": statistics.median(alone)})
+        results["sync" if sync else "no_sync"] = {"call_s": statistics.median(calls), "collectives": collectives}
+    events.log("call", results=results)
+    dist.destroy_process_group()
+    return 0
+
+
+# t quantiles (0.975) by degrees of freedom, for the 95% interval of a mean of a few repeats.
+T975 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def interval(ratios: List[float]) -> tuple:
+    """The mean ratio and its 95% interval, from the repeats' ratios (a t-interval of their logs)."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.mean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), None, None
+    t = T975[max(k for k in T975 if k <= len(logs) - 1)]
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def verdict(low: Optional[float], high: Optional[float], limit: float) -> str:
+    if high is None:
+        return "inconclusive"
+    return "met" if high <= limit else "not met" if low > limit else "inconclusive"
+
+
+def launch_group(args, cell: Cell, role: str, *, stock: bool = False, extra=()) -> List[dict]:
+    """Starts cell.world processes of ``role`` with no fault and returns their events."""
+    with tempfile.TemporaryDirectory() as workdir:
+        store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=args.timeout))
+        env = dict(os.environ)
+        python = [sys.executable]
+        if stock:
+            python += ["-S"]
+            env[stock_torch_env()] = sysconfig.get_paths()["purelib"]
+        procs = []
+        for slot in range(cell.world):
+            cmd = python + [os.path.abspath(__file__), "--role", role, "--slot", str(slot), "--world", str(cell.world)]
+            cmd += ["--size", cell.size, "--compile-mode", cell.compile, "--port", str(store.port)]
+            cmd += ["--events", workdir, "--timeout", str(args.timeout), *extra]
+            if stock:
+                cmd += ["--stock"]
+            procs.append(subprocess.Popen(cmd, env=env))
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            raise RunFailed(f"the {role} processes exited with {codes}")
+        return read_events(workdir)
+
+
+def stock_torch_env() -> str:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import stock_torch
+
+    return stock_torch.SITE_PACKAGES_ENV
+
+
+def measure_steady(args, cell: Cell) -> dict:
+    """Stock DDP and the series, in separate processes, interleaved; torchft beside them."""
+    extra = ("--warmup", str(args.steady_warmup), "--steps", str(args.steady_steps))
+    ratios, found = [], {"stock": [], "series": [], "torchft": []}
+    for repeat in range(args.steady_repeats):
+        order = ("stock", "series") if repeat % 2 == 0 else ("series", "stock")
+        for flavor in order:
+            events = [e for e in launch_group(args, cell, "steady", stock=flavor == "stock", extra=extra)
+                      if e["kind"] == "steady"]
+            if {e["series"] for e in events} != {flavor == "series"}:
+                raise RunFailed(f"the {flavor} processes ran the other DDP")
+            found[flavor].append(max(statistics.median(e["times"]) for e in events))
+        ratios.append(found["series"][-1] / found["stock"][-1])
+        if "torchft" in args.paths:
+            with tempfile.TemporaryDirectory() as workdir:
+                driver = Driver(args, dataclasses.replace(cell, path="torchft"), workdir,
+                                steady=args.steady_warmup + args.steady_steps)
+                times = [e["t"] for e in driver.run() if e["kind"] == "step" and e["slot"] == 0]
+            found["torchft"].append(statistics.median(
+                (b - a) / 1e9 for a, b in zip(times[args.steady_warmup - 1:], times[args.steady_warmup:])))
+        progress(f"    steady {repeat + 1}/{args.steady_repeats}: " + ", ".join(
+            f"{k} {v[-1] * 1e3:.1f} ms" for k, v in found.items() if v))
+    mean, low, high = interval(ratios)
+    result = {
+        "repeats": args.steady_repeats,
+        "stock_step_s": statistics.median(found["stock"]),
+        "series_step_s": statistics.median(found["series"]),
+        "series_over_stock": mean,
+        "interval_95": [low, high],
+        "verdict": verdict(low, high, GOALS["steady_over_stock"]),
+    }
+    if found["torchft"]:
+        torchft = [t / s for t, s in zip(found["torchft"], found["stock"])]
+        mean, low, high = interval(torchft)
+        result.update(torchft_step_s=statistics.median(found["torchft"]), torchft_over_stock=mean,
+                      torchft_interval_95=[low, high])
+    return result
+
+
+def measure_call(args, cell: Cell) -> dict:
+    events = launch_group(args, cell, "call", extra=("--repeats", str(args.call_repeats)))
+    calls = [e["results"] for e in events if e["kind"] == "call"]
+    result = {}
+    for mode in ("no_sync", "sync"):
+        # The slowest rank's call, against the slowest rank's sum of the collectives alone.
+        call = max(c[mode]["call_s"] for c in calls)
+        collectives = max(sum(x["s"] for x in c[mode]["collectives"]) for c in calls)
+        result[mode] = {
+            "call_s": call,
+            "collectives_s": collectives,
+            "call_over_collectives": call / collectives,
+            "rounds": len(calls[0][mode]["collectives"]),
+            "collectives": [{"kind": x["kind"], "bytes": x["bytes"]} for x in calls[0][mode]["collectives"]],
+            "met": call / collectives <= GOALS["call_over_collectives"],
+        }
+    return result
+
+
+def progress(text: str) -> None:
+    print(text, flush=True)
+
+
+def measure_cell(args, cell: Cell) -> dict:
+    """One path: the run with the fault, then path a replaying its schedule, compared."""
+    with tempfile.TemporaryDirectory() as workdir:
+        driver = Driver(args, cell, workdir)
+        run = analyze(driver.run(), driver.spawned, driver.victim)
+        reference_cell = dataclasses.replace(cell, path="a")
+        with tempfile.TemporaryDirectory() as refdir:
+            Driver(args, reference_cell, refdir, reference=run).run()
+            reference = [e for e in read_events(os.path.join(refdir, "events")) if e["kind"] == "final"]
+            run.update(compare_finals(driver.events_dir, os.path.join(refdir, "events"), cell.world))
+        reference_digests = {str(e["slot"]): e["digest"] for e in reference}
+        run["bitwise_equal_to_reference"] = run.pop("digests") == reference_digests
+    return run
+
+
+def table(data: dict) -> str:
+    lines = [f"{'world':>5} {'size':>5} {'compile':8} {'path':14} {'kill->step s':>12} {'new->step s':>11} "
+             f"{'discarded':>9} {'lost':>4} {'exact':>5} {'max diff':>9} {'graphs':>6} {'RSS/st':>6} {'step ms':>7}"]
+    for key, r in data["cells"].items():
+        world, size, compile_mode, path = key.split("-", 3)
+        if "error" in r:
+            lines.append(f"{world[1:]:>5} {size:>5} {compile_mode:8} {path:14} failed: {r['error']}")
+            continue
+        lines.append(
+            f"{world[1:]:>5} {size:>5} {compile_mode:8} {path:14} {r['kill_to_survivors_step_s']:12.2f} "
+            f"{r['new_process_to_first_step_s']:11.2f} {r['discarded_attempts']:9d} {r['lost_updates']:4d} "
+            f"{'yes' if r['bitwise_equal_to_reference'] else 'no':>5} {r['max_abs_diff']:9.2e} "
+            f"{r['graphs_after_warmup']:6d} {r['recovery_rss_over_steady']:6.2f} "
+            f"{(r['steady_step_s'] or 0) * 1e3:7.1f}"
+        )
+    for key, r in data["steady"].items():
+        if "error" in r:
+            lines.append(f"steady {key}: failed: {r['error']}")
+            continue
+        low, high = r["interval_95"]
+        text = (f"steady {key}: series/stock {r['series_over_stock']:.4f} "
+                f"(95% {low if low is None else round(low, 4)}..{high if high is None else round(high, 4)}, "
+                f"{r['repeats']} repeats): {r['verdict']} (goal {GOALS['steady_over_stock']})")
+        if "torchft_over_stock" in r:
+            text += f"; torchft/stock {r['torchft_over_stock']:.3f}"
+        lines.append(text)
+    for key, r in data["call"].items():
+        if "error" in r:
+            lines.append(f"call {key}: failed: {r['error']}")
+            continue
+        for mode, m in r.items():
+            lines.append(
+                f"call {key} {mode:7}: {m['call_s'] * 1e3:8.2f} ms, its {m['rounds']} collectives alone "
+                f"{m['collectives_s'] * 1e3:8.2f} ms: x{m['call_over_collectives']:.2f} "
+                f"({'met' if m['met'] else 'not met'}, goal {GOALS['call_over_collectives']})"
+            )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--sizes", nargs="+", default=["1M", "10M"], choices=sorted(SIZES),
+                        help="100M runs on 2 ranks only")
+    parser.add_argument("--compile", nargs="+", default=["none", "inductor"], choices=["none", "inductor"])
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    parser.add_argument("--steps-after-join", type=int, default=5, help="steps of a run after the new process's first")
+    parser.add_argument("--kill-step", type=int, default=5)
+    parser.add_argument("--join-after", type=int, default=3, help="steps the survivors complete before the new process starts")
+    parser.add_argument("--timeout", type=float, default=120.0, help="of stores and the driver's waits, in seconds")
+    parser.add_argument("--collective-timeout", type=float, default=10.0,
+                        help="of the groups' collectives, in seconds: in Gloo's ring, a survivor that is not the "
+                        "lost rank's neighbor learns of the loss only when its collective times out")
+    parser.add_argument("--lighthouse-heartbeat-timeout-ms", type=int, default=1000)
+    parser.add_argument("--lighthouse-join-timeout-ms", type=int, default=100)
+    parser.add_argument("--lighthouse-tick-ms", type=int, default=100)
+    parser.add_argument("--steady-repeats", type=int, default=6)
+    parser.add_argument("--steady-warmup", type=int, default=3)
+    parser.add_argument("--steady-steps", type=int, default=20)
+    parser.add_argument("--call-repeats", type=int, default=10)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["recovery", "steady", "call"])
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results")
+    # A process of the benchmark.
+    parser.add_argument("--role", choices=["driver", "replica", "torchft", "steady", "call"], default="driver")
+    for name in ("--steps", "--slot", "--world", "--port", "--kill-step-of-process", "--first-generation", "--repeats", "--warmup"):
+        parser.add_argument(name, type=int, help=argparse.SUPPRESS)
+    for name in ("--size", "--compile-mode", "--path", "--events", "--checkpoint", "--lighthouse"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+    parser.add_argument("--host", default="localhost", help=argparse.SUPPRESS)
+    parser.add_argument("--restarted", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--stock", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role != "driver":
+        args.compile, args.kill_step = args.compile_mode, args.kill_step_of_process
+        return {"replica": lambda a: Replica(a).run(), "torchft": torchft_replica, "steady": steady_replica,
+                "call": call_replica}[args.role](args)
+
+    if "torchft" in args.paths and importlib.util.find_spec("torchft") is None:
+        parser.error("path torchft needs torchft 0.2.0 (pip install torchft==0.2.0), or leave it out of --paths")
+    if "a_reconfigure" in args.paths and not hasattr(dist, "_reconfigure"):
+        parser.error(f"path a_reconfigure needs torch 2.14 or later; this is {torch.__version__}")
+    if args.kill_step < 2 or args.steps_after_join < 3:
+        parser.error("--kill-step must be at least 2 (a step after the first), --steps-after-join at least 3")
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / "recovery_after_lost_rank.json"
+    data = json.loads(out.read_text()) if out.exists() else {}
+    data.setdefault("cells", {}), data.setdefault("steady", {}), data.setdefault("call", {})
+    data["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__}
+    data["lighthouse"] = {"heartbeat_timeout_ms": args.lighthouse_heartbeat_timeout_ms,
+                          "join_timeout_ms": args.lighthouse_join_timeout_ms, "quorum_tick_ms": args.lighthouse_tick_ms}
+    data["collective_timeout_s"] = args.collective_timeout
+    data["goals"] = GOALS
+    configs = [(w, s, c) for w in args.worlds for s in args.sizes for c in args.compile if s != "100M" or w == 2]
+
+    def save():
+        out.write_text(json.dumps(data, indent=1) + "\n")
+
+    for world, size, compile_mode in configs:
+        base = Cell(world, size, compile_mode, "a")
+        if "recovery" not in args.skip:
+            for path in args.paths:
+                cell = dataclasses.replace(base, path=path)
+                progress(f"[{cell.key}] a replica killed at step {args.kill_step}, then replaced")
+                try:
+                    data["cells"][cell.key] = measure_cell(args, cell)
+                except (RunFailed, StopIteration, ValueError) as e:
+                    data["cells"][cell.key] = {"error": f"{type(e).__name__}: {e}"}
+                save()
+        key = f"w{world}-{size}-{compile_mode}"
+        if "steady" not in args.skip:
+            progress(f"[{key}] steady step: stock, series, torchft")
+            try:
+                data["steady"][key] = measure_steady(args, base)
+            except RunFailed as e:
+                data["steady"][key] = {"error": str(e)}
+            save()
+        if "call" not in args.skip and compile_mode == "none":
+            progress(f"[w{world}-{size}] the call against its collectives")
+            try:
+                data["call"][f"w{world}-{size}"] = measure_call(args, base)
+            except RunFailed as e:
+                data["call"][f"w{world}-{size}"] = {"error": str(e)}
+            save()
+    print(table(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
