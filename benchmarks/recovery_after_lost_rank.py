@@ -56,25 +56,24 @@ import signal
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from typing import Dict, List, Optional
 
-if __name__ == "__main__" and "--stock" in sys.argv:
-    # Before torch is imported: this process runs the wheel's own Python files.
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import stock_torch
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "examples")]
+import stock_torch  # noqa: E402 (imports no torch)
 
+if __name__ == "__main__" and sys.flags.no_site:
+    # The driver starts stock processes with python -S: the wheel's own files, before torch.
     stock_torch.use_stock_files()
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from elastic_ddp import reconfigure, SOLO_UUID  # noqa: E402
 from resume_after_membership_change import compiled_graphs, LanguageModel, peak_rss_mb, reset_peak_rss, SEQUENCE, SIZES, VOCAB  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 PATHS = ("a_reconfigure", "a", "torchft", "c")
 GOALS = {
@@ -123,7 +122,7 @@ def batch(step: int, slot: int):
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     """Of the parameters and Adam's state, bit for bit."""
     h = hashlib.sha256()
     for p in model.parameters():
@@ -133,49 +132,72 @@ def digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     return h.hexdigest()[:16]
 
 
-def set_threads(args) -> None:
-    # The user's OMP_NUM_THREADS wins; else the cores shared among the processes.
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world))
-
-
-class Replica:
-    """A process of paths a, a_reconfigure and c, and of the reference runs (path a, no fault)."""
+class Process:
+    """What every process of the benchmark has: its event log, the driver's store, and the
+    model (seeded alike in every process), Adam and the loss."""
 
     def __init__(self, args):
-        self.args = args
-        self.slot = args.slot
+        self.args, self.slot = args, args.slot
         self.events = Events(args.events, args.slot)
-        timeout = datetime.timedelta(seconds=args.timeout)
-        self.store = dist.TCPStore(args.host, args.port, is_master=False, timeout=timeout)
-        set_threads(args)
+        self.store = dist.TCPStore(
+            args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=args.timeout)
+        )
+        # The user's OMP_NUM_THREADS wins; else the cores shared among the processes.
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world))
         torch.manual_seed(0)
         self.model = LanguageModel(SIZES[args.size])
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
         self.loss_fn = nn.CrossEntropyLoss()
+
+    def compiled(self, ddp: nn.Module) -> nn.Module:
+        return torch.compile(ddp) if self.args.compile == "inductor" else ddp
+
+    def backward(self, net: nn.Module, step: int) -> None:
+        """The forward and backward pass of ``step``; where it is the kill's, the process dies in it."""
+        if self.args.kill_step == step:
+            # The embedding's gradient comes last, after the other buckets' allreduces started.
+            self.model.embed.weight.register_hook(lambda grad: self.die(step))
+        inputs, targets = batch(step, self.slot)
+        self.loss_fn(net(inputs).flatten(0, 1), targets.flatten()).backward()
+
+    def train_step(self, net: nn.Module, step: int) -> None:
+        self.backward(net, step)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def init_whole_group(self, prefix: str) -> None:
+        """The default group of every process the driver started, ranked by slot."""
+        dist.init_process_group(
+            "gloo", store=dist.PrefixStore(prefix, self.store), rank=self.slot, world_size=self.args.world
+        )
+
+    def die(self, step: int) -> None:
+        self.events.log("kill", step=step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def finish(self, step: int, graphs_after_warmup: int) -> None:
+        """Logs the state at the end, and saves the parameters, for the comparison with the reference."""
+        self.events.log("final", step=step, digest=state_digest(self.model, self.optimizer),
+                        graphs_after_warmup=graphs_after_warmup)
+        parameters = [p.detach() for p in self.model.parameters()]
+        torch.save(parameters, os.path.join(self.args.events, f"final-{self.slot}.pt"))
+
+
+class Replica(Process):
+    """A process of paths a, a_reconfigure and c, and of the reference runs (path a, no fault)."""
+
+    def __init__(self, args):
+        super().__init__(args)
         self.step = 0
         self.end = args.steps  # until a generation's plan says where the run ends
 
     def wrap(self) -> None:
         self.ddp = DistributedDataParallel(self.model)
-        self.net = torch.compile(self.ddp) if self.args.compile == "inductor" else self.ddp
+        self.net = self.compiled(self.ddp)
 
     def plan(self, generation: int) -> dict:
         return json.loads(self.store.get(f"plan/{generation}"))
-
-    def train_step(self) -> None:
-        inputs, targets = batch(self.step, self.slot)
-        if self.args.kill_step == self.step:
-            # The embedding's gradient comes last, after the other buckets' allreduces started.
-            self.model.embed.weight.register_hook(self.die)
-        loss = self.loss_fn(self.net(inputs).flatten(0, 1), targets.flatten())
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def die(self, grad):
-        self.events.log("kill", step=self.step)
-        os.kill(os.getpid(), signal.SIGKILL)
 
     def checkpoint(self) -> None:
         tmp = self.args.checkpoint + ".tmp"
@@ -198,8 +220,7 @@ class Replica:
         else:
             self.init_solo_group()
             self.wrap()
-            inputs, targets = batch(0, self.slot)
-            self.loss_fn(self.net(inputs).flatten(0, 1), targets.flatten()).backward()
+            self.backward(self.net, 0)
             self.optimizer.zero_grad(set_to_none=True)
             graphs = compiled_graphs()
             self.events.log("ready", graphs=graphs)
@@ -214,13 +235,15 @@ class Replica:
             switch_key = f"switch/{generation}"
             try:
                 while self.step < self.end:
-                    if self.store.check([switch_key]) and int(self.store.get(switch_key)) <= self.step:
-                        if int(self.store.get(switch_key)) < self.step:
-                            raise SystemExit(f"slot {self.slot} saw the switch at {self.store.get(switch_key)} at step {self.step}")
-                        break
+                    if self.store.check([switch_key]):
+                        switch_at = int(self.store.get(switch_key))
+                        if switch_at < self.step:
+                            raise SystemExit(f"slot {self.slot} saw the switch at step {switch_at} at {self.step}")
+                        if switch_at == self.step:
+                            break
                     reset_peak_rss()
                     self.events.log("attempt", step=self.step)
-                    self.train_step()
+                    self.train_step(self.net, self.step)
                     self.step += 1
                     if self.args.path == "c" and plan["members"][0] == self.slot:
                         self.checkpoint()
@@ -232,10 +255,7 @@ class Replica:
                 self.optimizer.zero_grad(set_to_none=True)
             generation += 1
             plan = None
-        self.events.log(
-            "final", step=self.step, digest=digest(self.model, self.optimizer), graphs_after_warmup=compiled_graphs() - graphs
-        )
-        torch.save([p.detach() for p in self.model.parameters()], os.path.join(self.args.events, f"final-{self.slot}.pt"))
+        self.finish(self.step, compiled_graphs() - graphs)
         dist.destroy_process_group()
         return 0
 
@@ -247,16 +267,14 @@ class Replica:
                 "gloo", store=dist.PrefixStore("pg", self.store), rank=self.slot, world_size=self.slot + 1,
                 timeout=timeout, enable_reconfigure=True,
             )
-            self.reconfigure([self.slot], 1000 + self.slot)
+            self.reconfigure([self.slot], SOLO_UUID + self.slot)
         else:
             dist.init_process_group(
                 "gloo", store=dist.PrefixStore(f"solo/{self.slot}/{os.getpid()}", self.store), rank=0, world_size=1
             )
 
     def reconfigure(self, members: List[int], uuid: int) -> None:
-        self.store.set(f"handle/{uuid}/{self.slot}", dist._get_reconfigure_handle())
-        handles = [self.store.get(f"handle/{uuid}/{member}").decode() for member in members]
-        dist._reconfigure(uuid, handles)
+        reconfigure(self.store, self.slot, members, uuid, self.args.collective_timeout)
 
     def init_group(self, plan: dict, generation: int) -> None:
         if dist.is_initialized():
@@ -293,15 +311,10 @@ def torchft_replica(args) -> int:
     from torchft.ddp import DistributedDataParallel as FtDistributedDataParallel
     from torchft.process_group import ProcessGroupGloo as FtProcessGroupGloo
 
-    events = Events(args.events, args.slot)
+    process = Process(args)
+    model, optimizer, events, store = process.model, process.optimizer, process.events, process.store
     timeout = datetime.timedelta(seconds=args.timeout)
-    store = dist.TCPStore(args.host, args.port, is_master=False, timeout=timeout)
     replica_store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False, timeout=timeout)
-    set_threads(args)
-    torch.manual_seed(0)
-    model = LanguageModel(SIZES[args.size])
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
 
     def load_state_dict(state):
         model.load_state_dict(state["model"])
@@ -325,8 +338,7 @@ def torchft_replica(args) -> int:
         quorum_timeout=timeout,
         connect_timeout=timeout,
     )
-    ddp = FtDistributedDataParallel(manager, model)
-    net = torch.compile(ddp) if args.compile == "inductor" else ddp
+    net = process.compiled(FtDistributedDataParallel(manager, model))
     events.log("ready", graphs=0)
     if not args.restarted:
         # Every first replica asks for the first quorum together, so that it has them all.
@@ -346,32 +358,22 @@ def torchft_replica(args) -> int:
         reset_peak_rss()
         manager.start_quorum()
         optimizer.zero_grad(set_to_none=True)
-        if args.kill_step == step:
-            def die(grad, step=step):
-                events.log("kill", step=step)
-                os.kill(os.getpid(), signal.SIGKILL)
-
-            model.embed.weight.register_hook(die)
         events.log("attempt", step=step)
-        inputs, targets = batch(step, args.slot)
         try:
-            loss_fn(net(inputs).flatten(0, 1), targets.flatten()).backward()
+            process.backward(net, step)
         except AssertionError as e:
             # torchft 0.2.0: where the allreduce in its comm hook fails, the manager records the
             # error, and then the hook's `assert fut._fut` fails (torchft/ddp.py), out of the
             # backward pass. Caught here, the step is not committed, as torchft intends.
             events.log("backward_raised", step=step, error=f"AssertionError: {e}")
-        committed = manager.should_commit()
-        if committed:
+        if manager.should_commit():
             optimizer.step()
             if warm is None and not args.restarted:
                 warm = compiled_graphs()  # the first step compiles
             events.log("step", step=step, participants=manager.num_participants(), rss_mb=peak_rss_mb())
         else:
             events.log("failed", step=step)
-    events.log("final", step=manager.current_step(), digest=digest(model, optimizer),
-               graphs_after_warmup=compiled_graphs() - (warm or 0))
-    torch.save([p.detach() for p in model.parameters()], os.path.join(args.events, f"final-{args.slot}.pt"))
+    process.finish(manager.current_step(), compiled_graphs() - (warm or 0))
     manager.shutdown(wait=False)
     return 0
 
@@ -428,9 +430,7 @@ class Driver:
         env = dict(os.environ)
         if path == "torchft":
             # torchft's users run stock torch: its DDP subclasses stock DDP here.
-            cmd[1:1] = ["-S"]
-            cmd += ["--stock"]
-            env[stock_torch_env()] = sysconfig.get_paths()["purelib"]
+            cmd[:1] = stock_torch.command(env)
         start = time.monotonic_ns()
         stderr = open(os.path.join(self.events_dir, f"stderr-{slot}-{start}.txt"), "w")
         proc = subprocess.Popen(cmd, env=env, stderr=stderr)
@@ -611,6 +611,8 @@ def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
         "recovery_rss_over_steady": recovery_rss / steady_rss,
         "graphs_after_warmup": sum(e["graphs_after_warmup"] for e in finals),
         "digests": {str(e["slot"]): e["digest"] for e in finals},
+        # Data parallel: every replica ends with the same parameters and Adam state.
+        "replicas_identical": len({e["digest"] for e in finals}) == 1,
     }
 def compare_finals(run_dir: str, reference_dir: str, world: int) -> dict:
     diffs = []
@@ -626,27 +628,17 @@ def compare_finals(run_dir: str, reference_dir: str, world: int) -> dict:
 
 def steady_replica(args) -> int:
     """A rank that trains --warmup steps, then times --steps steps, with nothing else per step."""
-    events = Events(args.events, args.slot)
-    store = dist.TCPStore(args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=args.timeout))
-    set_threads(args)
-    torch.manual_seed(0)
-    model = LanguageModel(SIZES[args.size])
-    dist.init_process_group("gloo", store=dist.PrefixStore("steady", store), rank=args.slot, world_size=args.world)
-    ddp = DistributedDataParallel(model)
-    net = torch.compile(ddp) if args.compile == "inductor" else ddp
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
+    process = Process(args)
+    process.init_whole_group("steady")
+    net = process.compiled(DistributedDataParallel(process.model))
     times = []
     for step in range(args.warmup + args.steps):
-        inputs, targets = batch(step, args.slot)
         start = time.perf_counter()
-        loss_fn(net(inputs).flatten(0, 1), targets.flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        process.train_step(net, step)
         times.append(time.perf_counter() - start)
     # Which DDP ran: the series adds this method, stock DDP has none.
     series = hasattr(DistributedDataParallel, "_agree_on_process_group_update")
-    events.log("steady", times=times[args.warmup:], series=series)
+    process.events.log("steady", times=times[args.warmup:], series=series)
     dist.destroy_process_group()
     return 0
 
@@ -690,20 +682,11 @@ def run_collective(group, kind: str, tensors: List[torch.Tensor], root: Optional
 
 def call_replica(args) -> int:
     """Times _update_process_group() onto a new group of the same ranks, then its collectives alone."""
-    events = Events(args.events, args.slot)
-    store = dist.TCPStore(args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=args.timeout))
-    set_threads(args)
-    torch.manual_seed(0)
-    model = LanguageModel(SIZES[args.size])
-    dist.init_process_group("gloo", store=dist.PrefixStore("call", store), rank=args.slot, world_size=args.world)
-    ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
+    process = Process(args)
+    process.init_whole_group("call")
+    ddp = DistributedDataParallel(process.model)
     for step in range(3):  # past the first iteration, which rebuilds the buckets
-        inputs, targets = batch(step, args.slot)
-        loss_fn(ddp(inputs).flatten(0, 1), targets.flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        process.train_step(ddp, step)
     results = {}
     for sync in (False, True):
         # What the call sends, recorded once through a group that forwards to a real one.
@@ -728,7 +711,7 @@ def call_replica(args) -> int:
             collectives.append({"kind": kind, "bytes": sum(t.numel() * t.element_size() for t in tensors),
                                 "s": statistics.median(alone)})
         results["sync" if sync else "no_sync"] = {"call_s": statistics.median(calls), "collectives": collectives}
-    events.log("call", results=results)
+    process.events.log("call", results=results)
     dist.destroy_process_group()
     return 0
 
@@ -761,29 +744,17 @@ def launch_group(args, cell: Cell, role: str, *, stock: bool = False, extra=()) 
         store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=args.timeout))
         env = dict(os.environ)
-        python = [sys.executable]
-        if stock:
-            python += ["-S"]
-            env[stock_torch_env()] = sysconfig.get_paths()["purelib"]
+        python = stock_torch.command(env) if stock else [sys.executable]
         procs = []
         for slot in range(cell.world):
             cmd = python + [os.path.abspath(__file__), "--role", role, "--slot", str(slot), "--world", str(cell.world)]
             cmd += ["--size", cell.size, "--compile-mode", cell.compile, "--port", str(store.port)]
             cmd += ["--events", workdir, "--timeout", str(args.timeout), *extra]
-            if stock:
-                cmd += ["--stock"]
             procs.append(subprocess.Popen(cmd, env=env))
         codes = [p.wait() for p in procs]
         if any(codes):
             raise RunFailed(f"the {role} processes exited with {codes}")
         return read_events(workdir)
-
-
-def stock_torch_env() -> str:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import stock_torch
-
-    return stock_torch.SITE_PACKAGES_ENV
 
 
 def measure_steady(args, cell: Cell) -> dict:
@@ -933,7 +904,6 @@ def main() -> int:
         parser.add_argument(name, help=argparse.SUPPRESS)
     parser.add_argument("--host", default="localhost", help=argparse.SUPPRESS)
     parser.add_argument("--restarted", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--stock", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role != "driver":
         args.compile, args.kill_step = args.compile_mode, args.kill_step_of_process

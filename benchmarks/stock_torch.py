@@ -15,6 +15,8 @@ import json
 import os
 import pathlib
 import sys
+import sysconfig
+from typing import Dict, List
 
 PACKAGE = "_ddp_update_process_group_overlay"
 # Where the driver, which runs with site, says site-packages is.
@@ -33,8 +35,10 @@ class _OriginalFiles(importlib.abc.MetaPathFinder):
 
 def use_stock_files() -> None:
     """Makes this interpreter, started with ``python -S``, import the wheel's own files."""
-    if "site" in sys.modules and not sys.flags.no_site:
+    if not sys.flags.no_site:
         raise RuntimeError("stock torch needs python -S: the overlay's .pth file has already run")
+    if SITE_PACKAGES_ENV not in os.environ:
+        raise RuntimeError(f"python -S: set {SITE_PACKAGES_ENV} to the overlay venv's site-packages (command() does)")
     site_packages = pathlib.Path(os.environ[SITE_PACKAGES_ENV])
     sys.path.append(str(site_packages))
     manifest = json.loads((site_packages / PACKAGE / "manifest.json").read_text())
@@ -47,3 +51,9 @@ def use_stock_files() -> None:
             raise RuntimeError(f"{backup} is not the wheel's {relative}: install the overlay again")
         originals[relative[: -len(".py")].replace("/", ".")] = str(backup)
     sys.meta_path.insert(0, _OriginalFiles(originals))
+
+
+def command(env: Dict[str, str]) -> List[str]:
+    """The start of the command line of a stock process; sets what it needs in ``env``."""
+    env[SITE_PACKAGES_ENV] = sysconfig.get_paths()["purelib"]
+    return [sys.executable, "-S"]
