@@ -15,9 +15,8 @@ completed --join-after further steps. Paths:
                  after every step, on the loss and again on the join
 
 How a joining process is admitted: in a and a_reconfigure it builds, wraps and compiles its
-model and runs a step on a group of its own (the warm-up), then the driver admits it at a step
-boundary that it gives the members through the store (a few steps ahead, so that every member
-sees it in time). The call broadcasts the parameters and buffers from a member
+model and runs a step on a group of its own (the warm-up), then the driver admits it, and the first survivor
+chooses the next step boundary, which no member can have passed yet. The call broadcasts the parameters and buffers from a member
 (sync_module_states=True), and a member broadcasts Adam's state; in torchft the joiner heals from
 a member through torchft's checkpoint transport inside its first quorum (use_async_quorum=False);
 in c every process loads the checkpoint. Detection differs: in a and a_reconfigure the driver,
@@ -232,9 +231,15 @@ class Replica(Process):
                     self.events.log("left", step=self.step)
                     return 0
                 self.enter(plan, generation)
-            switch_key = f"switch/{generation}"
+            switch_key, admit_key = f"switch/{generation}", f"admit/{generation}"
+            chooses = plan["members"][0] == self.slot and not self.args.restarted
             try:
                 while self.step < self.end:
+                    if chooses and self.store.check([admit_key]):
+                        # The next boundary: no member has passed it, since none can complete this
+                        # step before this process starts it, after the switch is set.
+                        self.store.set(switch_key, str(self.step + 1))
+                        chooses = False
                     if self.store.check([switch_key]):
                         switch_at = int(self.store.get(switch_key))
                         if switch_at < self.step:
@@ -245,9 +250,11 @@ class Replica(Process):
                     self.events.log("attempt", step=self.step)
                     self.train_step(self.net, self.step)
                     self.step += 1
+                    # Before the checkpoint: a step completed and not saved is done again, which
+                    # the analysis counts as discarded; one saved and not logged would count so too.
+                    self.events.log("step", step=self.step - 1, generation=generation, rss_mb=peak_rss_mb())
                     if self.args.path == "c" and plan["members"][0] == self.slot:
                         self.checkpoint()
-                    self.events.log("step", step=self.step - 1, generation=generation, rss_mb=peak_rss_mb())
                 else:
                     break
             except RuntimeError as e:  # a collective failed: the lost replica's peer closed its connections
@@ -300,8 +307,8 @@ class Replica(Process):
             dist.broadcast_object_list(state, src=src)
             self.optimizer.load_state_dict(state[0])
             self.optimizer.zero_grad(set_to_none=True)
-            self.step = plan["step"]
-        self.end = plan.get("end", self.end)
+            self.step = int(self.store.get(f"switch/{generation - 1}"))
+            self.end = self.step + plan["steps_after_join"]
         self.events.log("entered", generation=generation, members=plan["members"], step=self.step)
 
 
@@ -432,28 +439,31 @@ class Driver:
             # torchft's users run stock torch: its DDP subclasses stock DDP here.
             cmd[:1] = stock_torch.command(env)
         start = time.monotonic_ns()
-        stderr = open(os.path.join(self.events_dir, f"stderr-{slot}-{start}.txt"), "w")
+        stderr = tempfile.NamedTemporaryFile("w", dir=self.events_dir, delete=False)
         proc = subprocess.Popen(cmd, env=env, stderr=stderr)
         stderr.close()
+        os.rename(stderr.name, self.stderr_path(proc.pid))
         self.procs[proc.pid], self.spawned[proc.pid] = proc, start
         return proc.pid
 
-    def publish(self, generation: int, members: List[int], joiners: List[int], step: int, restart: int = 0,
-                end: int = None) -> None:
-        plan = {"members": members, "src": members[0], "joiners": joiners, "step": step, "restart": restart}
+    def publish(self, generation: int, members: List[int], joiners: List[int], restart: int = 0,
+                end: Optional[int] = None) -> None:
+        """The plan of ``generation``. Where it has joiners, its step is that of the switch to it, and
+        it ends --steps-after-join steps later; else it ends at ``end`` (c), or goes on."""
+        plan = {"members": members, "src": members[0], "joiners": joiners, "restart": restart,
+                "steps_after_join": self.args.steps_after_join}
         if end is not None:
             plan["end"] = end
         self.store.set(f"plan/{generation}", json.dumps(plan))
 
-    def last_error(self) -> str:
-        """The last line of the first process's stderr that ends in a Python exception."""
-        for name in sorted(os.listdir(self.events_dir)):
-            if name.startswith("stderr-"):
-                with open(os.path.join(self.events_dir, name)) as f:
-                    lines = [line.strip() for line in f if line.strip()]
-                if any(line.startswith("Traceback") for line in lines):
-                    return lines[-1][:300]
-        return "no traceback"
+    def last_error(self, pid: int) -> str:
+        """The last line of process ``pid``'s stderr: its exception, or SystemExit's message."""
+        with open(self.stderr_path(pid)) as f:
+            lines = [line.strip() for line in f if line.strip()]
+        return lines[-1][:300] if lines else "nothing on stderr"
+
+    def stderr_path(self, pid: int) -> str:
+        return os.path.join(self.events_dir, f"stderr-{pid}.txt")
 
     def events(self) -> List[dict]:
         return read_events(self.events_dir)
@@ -471,8 +481,9 @@ class Driver:
         while not condition():
             failed = {pid: p.returncode for pid, p in self.procs.items() if p.poll() not in (None, 0, -signal.SIGKILL)}
             if failed:
-                raise RunFailed(f"processes exited with {sorted(failed.values())} while waiting for {what}: "
-                                f"{self.last_error()}")
+                pid, code = min(failed.items())
+                raise RunFailed(f"processes exited with {sorted(failed.values())} while waiting for {what}; "
+                                f"one with {code}: {self.last_error(pid)}")
             if time.monotonic() > deadline:
                 raise RunFailed(f"timed out waiting for {what}")
             time.sleep(0.005)
@@ -502,11 +513,11 @@ class Driver:
         """Path a, with the membership schedule of a run: the lost slot leaves at its step, the
         new process joins at its; no process is killed."""
         everyone, survivors = list(range(self.cell.world)), list(range(self.cell.world - 1))
-        self.publish(FIRST, everyone, [], 0)
+        self.publish(FIRST, everyone, [])
         self.store.set(f"switch/{FIRST}", str(self.reference["left_at"]))
-        self.publish(SURVIVORS, survivors, [], self.reference["left_at"])
+        self.publish(SURVIVORS, survivors, [])
         self.store.set(f"switch/{SURVIVORS}", str(self.reference["joined_at"]))
-        self.publish(REJOINED, everyone, [self.victim], self.reference["joined_at"], end=self.reference["end"])
+        self.publish(REJOINED, everyone, [self.victim])
         for slot in everyone:
             self.spawn(slot, "a")
         self.spawn(self.victim, "a", first_generation=REJOINED)
@@ -515,23 +526,22 @@ class Driver:
         path, everyone = self.cell.path, list(range(self.cell.world))
         survivors = everyone[:-1]
         first = {slot: self.spawn(slot, path, kill=slot == self.victim) for slot in everyone}
-        self.publish(FIRST, everyone, [], 0)
+        self.publish(FIRST, everyone, [])
         self.wait(lambda: self.procs[first[self.victim]].poll() is not None, "the kill")
         if path == "c":
             # TorchElastic's agent stops the other workers and starts them all again.
             self.restart(survivors, SURVIVORS, restart=1)
         else:
-            self.publish(SURVIVORS, survivors, [], 0)
+            self.publish(SURVIVORS, survivors, [])
         self.wait(lambda: self.completed(survivors) >= self.args.kill_step + self.args.join_after, "the survivors")
         if path == "c":
             self.restart(everyone, REJOINED, restart=2)
             return
         pid = self.spawn(self.victim, path, first_generation=REJOINED)
         self.wait(lambda: any(e["kind"] == "ready" and e["pid"] == pid for e in self.events()), "the new process")
-        # A boundary the members have not reached: they are at most a step apart.
-        at = self.completed(survivors) + 3
-        self.publish(REJOINED, everyone, [self.victim], at, end=at + self.args.steps_after_join)
-        self.store.set(f"switch/{SURVIVORS}", str(at))
+        # The first survivor chooses the step of the switch (Replica.run).
+        self.publish(REJOINED, everyone, [self.victim])
+        self.store.set(f"admit/{SURVIVORS}", "1")
 
     def restart(self, slots: List[int], generation: int, restart: int) -> None:
         for p in self.procs.values():
@@ -540,7 +550,7 @@ class Driver:
                 p.wait()
         step = torch.load(self.checkpoint)["step"]
         end = step + self.args.steps_after_join if generation == REJOINED else None
-        self.publish(generation, slots, [], step, restart=restart, end=end)
+        self.publish(generation, slots, [], restart=restart, end=end)
         for slot in slots:
             self.spawn(slot, "c", first_generation=generation, restarted=True)
 
