@@ -10,6 +10,7 @@ Nothing of the overlay is then imported: DDP is stock DDP, on the wheel's own Re
 
 import hashlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -23,14 +24,36 @@ PACKAGE = "_ddp_update_process_group_overlay"
 SITE_PACKAGES_ENV = "STOCK_TORCH_SITE_PACKAGES"
 
 
+class _OriginalSource(importlib.machinery.SourceFileLoader):
+    """Loads the original source of a module under its installed file's name: Dynamo chooses
+    how to trace a function by its file's name, and traces torch's own files as torch."""
+
+    def __init__(self, name: str, installed: str, original: str):
+        super().__init__(name, installed)
+        self.original = original
+
+    def get_data(self, path):
+        if path == self.path:
+            return pathlib.Path(self.original).read_bytes()
+        return super().get_data(path)
+
+    def path_stats(self, path):
+        # No bytecode cache: the installed file's cache is that of the patched file.
+        raise OSError(f"{path}: compiled from {self.original}")
+
+
 class _OriginalFiles(importlib.abc.MetaPathFinder):
-    def __init__(self, originals):
-        self.originals = originals  # module name -> path of the original file
+    def __init__(self, site_packages: pathlib.Path, originals: Dict[str, str]):
+        self.site_packages = site_packages
+        self.originals = originals  # module name -> the original file, by its path under site-packages
 
     def find_spec(self, name, path=None, target=None):
-        if name in self.originals:
-            return importlib.util.spec_from_file_location(name, self.originals[name])
-        return None
+        if name not in self.originals:
+            return None
+        relative = self.originals[name]
+        installed = str(self.site_packages / relative)
+        original = str(self.site_packages / PACKAGE / "backup" / relative)
+        return importlib.util.spec_from_file_location(name, installed, loader=_OriginalSource(name, installed, original))
 
 
 def use_stock_files() -> None:
@@ -49,8 +72,8 @@ def use_stock_files() -> None:
         backup = site_packages / PACKAGE / "backup" / relative
         if hashlib.sha256(backup.read_bytes()).hexdigest() != digests["original"]:
             raise RuntimeError(f"{backup} is not the wheel's {relative}: install the overlay again")
-        originals[relative[: -len(".py")].replace("/", ".")] = str(backup)
-    sys.meta_path.insert(0, _OriginalFiles(originals))
+        originals[relative[: -len(".py")].replace("/", ".")] = relative
+    sys.meta_path.insert(0, _OriginalFiles(site_packages, originals))
 
 
 def command(env: Dict[str, str]) -> List[str]:
