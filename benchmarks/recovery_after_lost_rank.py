@@ -2,9 +2,10 @@
 
 For each world size, model size and compile mode, a driver starts one process per replica
 (Gloo on CPU, a TCPStore the driver hosts), trains the transformer of
-resume_after_membership_change.py with Adam, SIGKILLs the last replica inside its backward
-pass at step --kill-step, and starts a new process in its place once the survivors have
-completed --join-after further steps. Paths:
+resume_after_membership_change.py with Adam, SIGKILLs the last replica at step --kill-step,
+and starts a new process in its place once the survivors have completed --join-after further
+steps. The kill comes inside the replica's backward pass, or between steps (--kill-in; both by
+default). Paths:
 
   a_reconfigure  every process keeps one group for the whole run and reconfigures it in
                  place (dist._reconfigure); DDP follows with _update_process_group()
@@ -15,9 +16,10 @@ completed --join-after further steps. Paths:
                  after every step, on the loss and again on the join
 
 How a joining process is admitted: in a and a_reconfigure it builds, wraps and compiles its
-model and runs a step on a group of its own (the warm-up), then the driver admits it, and the first survivor
-chooses the next step boundary, which no member can have passed yet. The call broadcasts the parameters and buffers from a member
-(sync_module_states=True), and a member broadcasts Adam's state; in torchft the joiner heals from
+model and runs a step on a group of its own (the warm-up), then the driver admits it, and the
+first survivor chooses the next step boundary, which no member can have passed yet. The call
+broadcasts the parameters and buffers from a member (sync_module_states=True), and a member
+broadcasts Adam's state; in torchft the joiner heals from
 a member through torchft's checkpoint transport inside its first quorum (use_async_quorum=False);
 in c every process loads the checkpoint. Detection differs: in a and a_reconfigure the driver,
 the processes' parent, sees the exit at once and publishes the survivors (an oracle, a lower
@@ -37,8 +39,9 @@ a 95% interval of the ratio and a verdict against GOALS), torchft's beside them;
 of the _update_process_group call against the collectives it makes, each timed alone on the
 same group with the same payloads.
 
-Writes a table to stdout and recovery_after_lost_rank.json to --out, a file that every cell
-updates, so that a run that stops can go on (--paths, --worlds, --sizes and --compile choose).
+Writes a table to stdout, recovery_after_lost_rank.json to --out, a file that every
+measurement updates, so that a run that stops can go on (--paths, --kill-in, --worlds, --sizes,
+--compile and --skip choose what runs), and a plot of the file, recovery_after_lost_rank.png.
 Needs torch 2.14 with the series (the overlay venv of v2.14.1) and torchft 0.2.0.
 """
 
@@ -46,7 +49,9 @@ import argparse
 import dataclasses
 import datetime
 import hashlib
+import importlib.metadata
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -75,6 +80,8 @@ from resume_after_membership_change import compiled_graphs, LanguageModel, peak_
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 PATHS = ("a_reconfigure", "a", "torchft", "c")
+KILL_IN = ("backward", "between_steps")
+CALL_MODES = ("no_sync", "sync")  # _update_process_group(sync_module_states=False), then True
 GOALS = {
     "steady_over_stock": 1.02,  # the series' steady step over stock DDP's
     "call_over_collectives": 1.5,  # the _update_process_group call over its collectives, timed alone
@@ -152,9 +159,16 @@ class Process:
     def compiled(self, ddp: nn.Module) -> nn.Module:
         return torch.compile(ddp) if self.args.compile == "inductor" else ddp
 
+    def die_if_due(self, step: int) -> None:
+        """Where ``step`` is the kill's, and the kill comes between steps: the process dies
+        before it starts the step, after it completed the one before on every replica."""
+        if self.args.kill_step == step and self.args.kill_in == "between_steps":
+            self.die(step)
+
     def backward(self, net: nn.Module, step: int) -> None:
-        """The forward and backward pass of ``step``; where it is the kill's, the process dies in it."""
-        if self.args.kill_step == step:
+        """The forward and backward pass of ``step``; where it is the kill's, and the kill comes
+        in the backward pass, the process dies in it."""
+        if self.args.kill_step == step and self.args.kill_in == "backward":
             # The embedding's gradient comes last, after the other buckets' allreduces started.
             self.model.embed.weight.register_hook(lambda grad: self.die(step))
         inputs, targets = batch(step, self.slot)
@@ -246,6 +260,7 @@ class Replica(Process):
                             raise SystemExit(f"slot {self.slot} saw the switch at step {switch_at} at {self.step}")
                         if switch_at == self.step:
                             break
+                    self.die_if_due(self.step)
                     reset_peak_rss()
                     self.events.log("attempt", step=self.step)
                     self.train_step(self.net, self.step)
@@ -286,9 +301,15 @@ class Replica(Process):
     def init_group(self, plan: dict, generation: int) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        prefix = f"pg/{generation}/{plan.get('restart', 0)}"
+        # Every member arrives before any connects. Gloo's rendezvous waits only as long as the
+        # group's timeout, and a survivor that is not the lost rank's neighbor arrives only when
+        # its collective times out: as late, after the kill, as the others' rendezvous ends.
+        self.store.set(f"{prefix}/arrived/{self.slot}", "1")
+        self.store.wait([f"{prefix}/arrived/{slot}" for slot in plan["members"]])
         dist.init_process_group(
             "gloo",
-            store=dist.PrefixStore(f"pg/{generation}/{plan.get('restart', 0)}", self.store),
+            store=dist.PrefixStore(prefix, self.store),
             rank=plan["members"].index(self.slot),
             world_size=len(plan["members"]),
             timeout=datetime.timedelta(seconds=self.args.collective_timeout),
@@ -362,8 +383,11 @@ def torchft_replica(args) -> int:
                 raise SystemExit(f"slot {args.slot} is at step {step}, past the end at {end}")
             if step == end:
                 break
+        process.die_if_due(step)
         reset_peak_rss()
         manager.start_quorum()
+        # A new process heals inside its first quorum: from there on, its step is the members'.
+        step = manager.current_step()
         optimizer.zero_grad(set_to_none=True)
         events.log("attempt", step=step)
         try:
@@ -398,10 +422,11 @@ class Cell:
     size: str
     compile: str
     path: str
+    kill_in: str = "backward"
 
     @property
     def key(self) -> str:
-        return f"w{self.world}-{self.size}-{self.compile}-{self.path}"
+        return f"w{self.world}-{self.size}-{self.compile}-{self.kill_in}-{self.path}"
 
 
 class Driver:
@@ -429,7 +454,7 @@ class Driver:
         cmd += ["--first-generation", str(first_generation), "--checkpoint", self.checkpoint]
         cmd += ["--collective-timeout", str(self.args.collective_timeout)]
         if kill:
-            cmd += ["--kill-step-of-process", str(self.args.kill_step)]
+            cmd += ["--kill-step-of-process", str(self.args.kill_step), "--kill-in-process", self.cell.kill_in]
         if restarted:
             cmd += ["--restarted"]
         if self.lighthouse is not None:
@@ -607,11 +632,14 @@ def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
     discarded += sum(n - 1 for (slot, _), n in by_slot.items() if slot != victim)
     finals = [e for e in events if e["kind"] == "final"]
     end = max(e["step"] for e in finals)
+    # The first step trained without the lost replica: c's restart goes back to the last
+    # checkpoint, which is before the kill's step where the kill came while it was written.
+    left_at = min((e["step"] for e in completed if e.get("generation") == SURVIVORS), default=kill["step"])
     return {
         "end": end,
         "kill_to_survivors_step_s": (recovered - kill["t"]) / 1e9,
         "new_process_to_first_step_s": (first_join["t"] - spawned[first_join["pid"]]) / 1e9,
-        "left_at": kill["step"],
+        "left_at": left_at,
         "joined_at": first_join["step"],
         "discarded_attempts": discarded,
         "lost_updates": len(set(range(end)) - {e["step"] for e in completed if e["slot"] == 0}),
@@ -625,12 +653,17 @@ def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
         "replicas_identical": len({e["digest"] for e in finals}) == 1,
     }
 def compare_finals(run_dir: str, reference_dir: str, world: int) -> dict:
-    diffs = []
+    """The largest difference of a parameter from the reference's, and the norm of the difference
+    relative to the reference's: Adam turns a rounding difference in a gradient near zero into
+    an update of the other sign, so the largest difference can be as large as a few updates."""
+    diffs, relative = [], []
     for slot in range(world):
         run = torch.load(os.path.join(run_dir, f"final-{slot}.pt"))
         ref = torch.load(os.path.join(reference_dir, f"final-{slot}.pt"))
         diffs.append(max((a - b).abs().max().item() for a, b in zip(run, ref)))
-    return {"max_abs_diff": max(diffs), "parameters_bitwise_equal": max(diffs) == 0.0}
+        difference = math.sqrt(sum((a - b).double().square().sum().item() for a, b in zip(run, ref)))
+        relative.append(difference / math.sqrt(sum(b.double().square().sum().item() for b in ref)))
+    return {"max_abs_diff": max(diffs), "relative_l2_diff": max(relative), "parameters_bitwise_equal": max(diffs) == 0.0}
 
 
 # No fault: the steady step, and the call against its collectives
@@ -720,7 +753,7 @@ def call_replica(args) -> int:
                 alone.append(time.perf_counter() - start)
             collectives.append({"kind": kind, "bytes": sum(t.numel() * t.element_size() for t in tensors),
                                 "s": statistics.median(alone)})
-        results["sync" if sync else "no_sync"] = {"call_s": statistics.median(calls), "collectives": collectives}
+        results[CALL_MODES[sync]] = {"call_s": statistics.median(calls), "collectives": collectives}
     process.events.log("call", results=results)
     dist.destroy_process_group()
     return 0
@@ -810,7 +843,7 @@ def measure_call(args, cell: Cell) -> dict:
     events = launch_group(args, cell, "call", extra=("--repeats", str(args.call_repeats)))
     calls = [e["results"] for e in events if e["kind"] == "call"]
     result = {}
-    for mode in ("no_sync", "sync"):
+    for mode in CALL_MODES:
         # The slowest rank's call, against the slowest rank's sum of the collectives alone.
         call = max(c[mode]["call_s"] for c in calls)
         collectives = max(sum(x["s"] for x in c[mode]["collectives"]) for c in calls)
@@ -845,15 +878,17 @@ def measure_cell(args, cell: Cell) -> dict:
 
 
 def table(data: dict) -> str:
-    lines = [f"{'world':>5} {'size':>5} {'compile':8} {'path':14} {'kill->step s':>12} {'new->step s':>11} "
-             f"{'discarded':>9} {'lost':>4} {'exact':>5} {'max diff':>9} {'graphs':>6} {'RSS/st':>6} {'step ms':>7}"]
+    lines = [f"{'world':>5} {'size':>5} {'compile':8} {'killed in':13} {'path':14} {'kill->step s':>12} "
+             f"{'new->step s':>11} {'discarded':>9} {'lost':>4} {'exact':>5} {'max diff':>9} {'graphs':>6} "
+             f"{'RSS/st':>6} {'step ms':>7}"]
     for key, r in data["cells"].items():
-        world, size, compile_mode, path = key.split("-", 3)
+        world, size, compile_mode, kill_in, path = key.split("-", 4)
+        row = f"{world[1:]:>5} {size:>5} {compile_mode:8} {kill_in:13} {path:14}"
         if "error" in r:
-            lines.append(f"{world[1:]:>5} {size:>5} {compile_mode:8} {path:14} failed: {r['error']}")
+            lines.append(f"{row} failed: {r['error']}")
             continue
         lines.append(
-            f"{world[1:]:>5} {size:>5} {compile_mode:8} {path:14} {r['kill_to_survivors_step_s']:12.2f} "
+            f"{row} {r['kill_to_survivors_step_s']:12.2f} "
             f"{r['new_process_to_first_step_s']:11.2f} {r['discarded_attempts']:9d} {r['lost_updates']:4d} "
             f"{'yes' if r['bitwise_equal_to_reference'] else 'no':>5} {r['max_abs_diff']:9.2e} "
             f"{r['graphs_after_warmup']:6d} {r['recovery_rss_over_steady']:6.2f} "
@@ -874,13 +909,132 @@ def table(data: dict) -> str:
         if "error" in r:
             lines.append(f"call {key}: failed: {r['error']}")
             continue
-        for mode, m in r.items():
+        for mode in CALL_MODES:
+            m = r[mode]
             lines.append(
                 f"call {key} {mode:7}: {m['call_s'] * 1e3:8.2f} ms, its {m['rounds']} collectives alone "
                 f"{m['collectives_s'] * 1e3:8.2f} ms: x{m['call_over_collectives']:.2f} "
                 f"({'met' if m['met'] else 'not met'}, goal {GOALS['call_over_collectives']})"
             )
     return "\n".join(lines)
+
+
+def markdown(data: dict) -> str:
+    """The file's measurements as the Markdown tables of docs/benchmark.md."""
+    lines = ["| world | size | compile | killed in | path | kill → survivors' next step, s | new process → its first "
+             "step, s | discarded | lost | equal to the reference | RSS in recovery / steady | graphs after warm-up |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell_order(key: str) -> tuple:
+        config, path = key.rsplit("-", 1)
+        return config_order(config), PATHS.index(path)
+
+    for key in sorted(data["cells"], key=cell_order):
+        r = data["cells"][key]
+        world, size, compile_mode, kill_in, path = key.split("-", 4)
+        row = f"| {world[1:]} | {size} | {compile_mode} | {kill_in.replace('_', ' ')} | {path} |"
+        if "error" in r:
+            lines.append(f"{row} failed: {r['error'][:160]} | | | | | | |")
+            continue
+        exact = ("bitwise" if r["bitwise_equal_to_reference"] else f"no: at most {r['max_abs_diff']:.1e}"
+                 + (f", relative L2 {r['relative_l2_diff']:.1e}" if "relative_l2_diff" in r else ""))
+        lines.append(f"{row} {r['kill_to_survivors_step_s']:.2f} | {r['new_process_to_first_step_s']:.2f} | "
+                     f"{r['discarded_attempts']} | {r['lost_updates']} | {exact} | {r['recovery_rss_over_steady']:.2f} | "
+                     f"{r['graphs_after_warmup']} |")
+    lines += ["", "| world | size | compile | stock step, ms | series / stock | 95% interval | verdict (goal "
+              f"{GOALS['steady_over_stock']}) | torchft / stock |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for key in sorted(data["steady"], key=config_order):
+        r = data["steady"][key]
+        world, size, compile_mode = key.split("-")
+        if "error" in r:
+            lines.append(f"| {world[1:]} | {size} | {compile_mode} | failed: {r['error'][:160]} | | | | |")
+            continue
+        low, high = r["interval_95"]
+        torchft = f"{r['torchft_over_stock']:.3f}" if "torchft_over_stock" in r else "not run"
+        lines.append(f"| {world[1:]} | {size} | {compile_mode} | {r['stock_step_s'] * 1e3:.1f} | "
+                     f"{r['series_over_stock']:.3f} | {low:.3f} to {high:.3f} | {r['verdict']} | {torchft} |")
+    lines += ["", "| world | size | `sync_module_states` | call, ms | rounds | its collectives alone, ms | ratio (goal "
+              f"{GOALS['call_over_collectives']}) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for key in sorted(data["call"], key=config_order):
+        r = data["call"][key]
+        world, size = key.split("-")
+        if "error" in r:
+            lines.append(f"| {world[1:]} | {size} | | failed: {r['error'][:160]} | | | |")
+            continue
+        for mode in CALL_MODES:
+            m = r[mode]
+            lines.append(f"| {world[1:]} | {size} | {'yes' if mode == 'sync' else 'no'} | {m['call_s'] * 1e3:.2f} | "
+                         f"{m['rounds']} | {m['collectives_s'] * 1e3:.2f} | {m['call_over_collectives']:.2f}, "
+                         f"{'met' if m['met'] else 'not met'} |")
+    return "\n".join(lines)
+
+def plot(data: dict, path: pathlib.Path) -> None:
+    """Four panels: the two recovery times of each path per configuration, the steady step
+    over stock DDP's with its 95% interval, and the call over its collectives alone."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ((kill, new), (steady, call)) = plt.subplots(2, 2, figsize=(16, 9))
+    # A configuration and where the kill came: the key of a cell without its path.
+    configs = sorted({key.rsplit("-", 1)[0] for key in data["cells"]}, key=config_order)
+    width = 0.8 / len(PATHS)
+    for ax, field, title in ((kill, "kill_to_survivors_step_s", "Kill to the survivors' next step"),
+                             (new, "new_process_to_first_step_s", "New process to its first step")):
+        labeled = set()
+        for (x, config), (i, recovery_path) in itertools.product(enumerate(configs), enumerate(PATHS)):
+            r = data["cells"].get(f"{config}-{recovery_path}")
+            if r is None:
+                continue
+            position = x + (i - (len(PATHS) - 1) / 2) * width
+            if "error" in r:
+                ax.text(position, 0.02, f"{recovery_path}: failed", rotation=90, ha="center", va="bottom",
+                        fontsize=7, color=f"C{i}", transform=ax.get_xaxis_transform())
+                continue
+            ax.bar(position, r[field], width, color=f"C{i}", label=None if recovery_path in labeled else recovery_path)
+            labeled.add(recovery_path)
+        ax.set_xticks(range(len(configs)), configs, rotation=30, ha="right", fontsize=7)
+        ax.set(ylabel="seconds", yscale="log", title=title)
+    steady_keys = sorted(data["steady"], key=config_order)
+    for x, key in enumerate(steady_keys):
+        r = data["steady"][key]
+        if "error" in r:
+            continue
+        low, high = r["interval_95"]
+        mean = r["series_over_stock"]
+        steady.errorbar(x, mean, yerr=[[mean - low], [high - mean]] if low is not None else None,
+                        fmt="o", color="C0", capsize=3, label="series / stock" if x == 0 else None)
+        if "torchft_over_stock" in r:
+            steady.plot(x, r["torchft_over_stock"], "s", color="C2", label="torchft / stock" if x == 0 else None)
+    steady.axhline(GOALS["steady_over_stock"], color="k", linestyle="--", linewidth=0.8, label="goal")
+    steady.axhline(1.0, color="k", linewidth=0.5)
+    steady.set_xticks(range(len(steady_keys)), steady_keys, rotation=30, ha="right", fontsize=7)
+    steady.set(ylabel="step time / stock DDP's", title="Steady step, with the 95% interval")
+    call_keys = sorted(data["call"], key=config_order)
+    for i, mode in enumerate(CALL_MODES):
+        points = [(x, data["call"][key][mode]["call_over_collectives"])
+                  for x, key in enumerate(call_keys) if "error" not in data["call"][key]]
+        call.plot([x for x, _ in points], [y for _, y in points], "o", color=f"C{i}",
+                  label=f"sync_module_states={mode == 'sync'}")
+    call.axhline(GOALS["call_over_collectives"], color="k", linestyle="--", linewidth=0.8, label="goal")
+    call.set_xticks(range(len(call_keys)), call_keys, fontsize=7)
+    call.set(ylabel="call / its collectives alone", title="The _update_process_group call")
+    for ax in (kill, new, steady, call):
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    machine = data["machine"]
+    fig.suptitle(f"Recovery after a lost rank: torch {machine['torch']}, torchft {machine['torchft']}, "
+                 f"Gloo, {machine['cpus']} CPUs", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def config_order(key: str) -> tuple:
+    """By world, then model size, then the rest (compile mode, where the kill came): w2-10M-none
+    sorts after w2-1M-inductor."""
+    world, size, *rest = key.split("-")
+    return int(world[1:]), list(SIZES).index(size), rest
 
 
 def main() -> int:
@@ -892,6 +1046,10 @@ def main() -> int:
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     parser.add_argument("--steps-after-join", type=int, default=5, help="steps of a run after the new process's first")
     parser.add_argument("--kill-step", type=int, default=5)
+    parser.add_argument("--kill-in", nargs="+", default=list(KILL_IN), choices=KILL_IN,
+                        help="where the replica is killed: inside its backward pass (from a hook on the embedding's "
+                        "gradient, after the other buckets' allreduces started), or between steps (before it starts "
+                        "the step of the kill, after every replica completed the one before)")
     parser.add_argument("--join-after", type=int, default=3, help="steps the survivors complete before the new process starts")
     parser.add_argument("--timeout", type=float, default=120.0, help="of stores and the driver's waits, in seconds")
     parser.add_argument("--collective-timeout", type=float, default=10.0,
@@ -905,18 +1063,24 @@ def main() -> int:
     parser.add_argument("--steady-steps", type=int, default=20)
     parser.add_argument("--call-repeats", type=int, default=10)
     parser.add_argument("--skip", nargs="*", default=[], choices=["recovery", "steady", "call"])
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the file's measurements as Markdown tables (with --skip recovery steady call, "
+                        "and nothing is measured)")
+    parser.add_argument("--again", action="store_true",
+                        help="measure again what the file in --out already has (by default kept, so that a run "
+                        "that stopped goes on where it stopped)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results")
     # A process of the benchmark.
     parser.add_argument("--role", choices=["driver", "replica", "torchft", "steady", "call"], default="driver")
     for name in ("--steps", "--slot", "--world", "--port", "--kill-step-of-process", "--first-generation", "--repeats", "--warmup"):
         parser.add_argument(name, type=int, help=argparse.SUPPRESS)
-    for name in ("--size", "--compile-mode", "--path", "--events", "--checkpoint", "--lighthouse"):
+    for name in ("--size", "--compile-mode", "--path", "--events", "--checkpoint", "--lighthouse", "--kill-in-process"):
         parser.add_argument(name, help=argparse.SUPPRESS)
     parser.add_argument("--host", default="localhost", help=argparse.SUPPRESS)
     parser.add_argument("--restarted", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role != "driver":
-        args.compile, args.kill_step = args.compile_mode, args.kill_step_of_process
+        args.compile, args.kill_step, args.kill_in = args.compile_mode, args.kill_step_of_process, args.kill_in_process
         return {"replica": lambda a: Replica(a).run(), "torchft": torchft_replica, "steady": steady_replica,
                 "call": call_replica}[args.role](args)
 
@@ -930,43 +1094,44 @@ def main() -> int:
     out = args.out / "recovery_after_lost_rank.json"
     data = json.loads(out.read_text()) if out.exists() else {}
     data.setdefault("cells", {}), data.setdefault("steady", {}), data.setdefault("call", {})
-    data["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__}
+    data["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__,
+                       "torchft": importlib.util.find_spec("torchft") and importlib.metadata.version("torchft")}
     data["lighthouse"] = {"heartbeat_timeout_ms": args.lighthouse_heartbeat_timeout_ms,
                           "join_timeout_ms": args.lighthouse_join_timeout_ms, "quorum_tick_ms": args.lighthouse_tick_ms}
     data["collective_timeout_s"] = args.collective_timeout
     data["goals"] = GOALS
     configs = [(w, s, c) for w in args.worlds for s in args.sizes for c in args.compile if s != "100M" or w == 2]
 
-    def save():
+    def measure(results: Dict[str, dict], key: str, what: str, function, failures) -> None:
+        """Runs ``function`` into ``results[key]`` and saves the file, unless an earlier run did."""
+        if key in results and not args.again:
+            progress(f"[{key}] {what}: kept from the run of {results[key].get('date', 'an earlier day')} "
+                     "(--again measures it again)")
+            return
+        progress(f"[{key}] {what}")
+        try:
+            result = function()
+        except failures as e:
+            result = {"error": f"{type(e).__name__}: {e}"}
+        results[key] = {**result, "date": datetime.date.today().isoformat()}
         out.write_text(json.dumps(data, indent=1) + "\n")
 
     for world, size, compile_mode in configs:
         base = Cell(world, size, compile_mode, "a")
         if "recovery" not in args.skip:
-            for path in args.paths:
-                cell = dataclasses.replace(base, path=path)
-                progress(f"[{cell.key}] a replica killed at step {args.kill_step}, then replaced")
-                try:
-                    data["cells"][cell.key] = measure_cell(args, cell)
-                except (RunFailed, StopIteration, ValueError) as e:
-                    data["cells"][cell.key] = {"error": f"{type(e).__name__}: {e}"}
-                save()
-        key = f"w{world}-{size}-{compile_mode}"
+            for kill_in, path in itertools.product(args.kill_in, args.paths):
+                cell = dataclasses.replace(base, path=path, kill_in=kill_in)
+                measure(data["cells"], cell.key, f"a replica killed at step {args.kill_step} ({kill_in}), then replaced",
+                        lambda: measure_cell(args, cell), (RunFailed, StopIteration, ValueError))
         if "steady" not in args.skip:
-            progress(f"[{key}] steady step: stock, series, torchft")
-            try:
-                data["steady"][key] = measure_steady(args, base)
-            except RunFailed as e:
-                data["steady"][key] = {"error": str(e)}
-            save()
+            measure(data["steady"], f"w{world}-{size}-{compile_mode}", "steady step: stock, series, torchft",
+                    lambda: measure_steady(args, base), RunFailed)
         if "call" not in args.skip and compile_mode == "none":
-            progress(f"[w{world}-{size}] the call against its collectives")
-            try:
-                data["call"][f"w{world}-{size}"] = measure_call(args, base)
-            except RunFailed as e:
-                data["call"][f"w{world}-{size}"] = {"error": str(e)}
-            save()
-    print(table(data))
+            measure(data["call"], f"w{world}-{size}", "the call against its collectives",
+                    lambda: measure_call(args, base), RunFailed)
+    print(markdown(data) if args.markdown else table(data))
+    plot(data, out.with_suffix(".png"))
+    progress(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 
