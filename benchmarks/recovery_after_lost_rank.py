@@ -56,6 +56,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import statistics
 import subprocess
@@ -482,10 +483,12 @@ class Driver:
         self.store.set(f"plan/{generation}", json.dumps(plan))
 
     def last_error(self, pid: int) -> str:
-        """The last line of process ``pid``'s stderr: its exception, or SystemExit's message."""
+        """Process ``pid``'s exception: the last line of its stderr that names an error (an
+        exception's message may go on after it), else its last line (SystemExit's message)."""
         with open(self.stderr_path(pid)) as f:
             lines = [line.strip() for line in f if line.strip()]
-        return lines[-1][:300] if lines else "nothing on stderr"
+        errors = [line for line in lines if re.match(r"(\[rank\d+\]: )*[\w.]*(Error|Exception)\b", line)]
+        return (errors or lines or ["nothing on stderr"])[-1][:300]
 
     def stderr_path(self, pid: int) -> str:
         return os.path.join(self.events_dir, f"stderr-{pid}.txt")
@@ -967,6 +970,7 @@ def markdown(data: dict) -> str:
                          f"{m['rounds']} | {m['collectives_s'] * 1e3:.2f} | {m['call_over_collectives']:.2f}, "
                          f"{'met' if m['met'] else 'not met'} |")
     return "\n".join(lines)
+
 
 def plot(data: dict, path: pathlib.Path) -> None:
     """Four panels: the two recovery times of each path per configuration, the steady step

@@ -126,6 +126,24 @@ def test_interval_and_verdict():
     assert benchmark.verdict(None, None, 1.02) == "inconclusive"
 
 
+def test_a_failure_names_its_exception_not_the_lines_after_it(tmp_path):
+    # DDP's error for a reduction left unfinished goes on for lines after the exception's
+    # first one, and ends with a hint; the cell's failure must name the exception.
+    driver = object.__new__(benchmark.Driver)
+    driver.events_dir = str(tmp_path)
+    pathlib.Path(driver.stderr_path(1)).write_text(
+        "Traceback (most recent call last):\n"
+        '  File "recovery_after_lost_rank.py", line 178, in train_step\n'
+        "[rank0]: RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.\n"
+        "Parameter indices which did not receive grad for rank 0: 0 1\n"
+        " In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL\n"
+    )
+    assert driver.last_error(1).startswith("[rank0]: RuntimeError: Expected to have finished reduction")
+    # SystemExit's message names no exception: the last line.
+    pathlib.Path(driver.stderr_path(2)).write_text("slot 1 saw the switch at step 3 at 4\n")
+    assert driver.last_error(2) == "slot 1 saw the switch at step 3 at 4"
+
+
 @runs
 def test_a_second_run_keeps_what_the_first_measured(report):
     # What goes on after an interruption: each measurement already in the file is kept.
