@@ -27,7 +27,8 @@ bound on detection); torchft's lighthouse waits for the lost replica's heartbeat
 
 Reported per path: the time from the kill to the survivors' next completed optimizer step; from
 the new process's start to its first completed step; the failed attempts (steps whose update
-was discarded and done again) and the updates lost for good; whether every process's
+was discarded and done again), the updates lost for good, and the steps short of a member
+(whose update averaged fewer replicas' gradients than the run had members); whether every process's
 parameters and Adam state at the end equal those of a reference run, path a replayed with the
 same membership schedule and no fault (bitwise, else the largest difference of a parameter);
 the graphs compiled after each process's warm-up; the peak RSS of a step during recovery over
@@ -525,9 +526,11 @@ class Driver:
             else:
                 self.run_with_fault()
             self.wait(lambda: all(p.poll() is not None for p in self.procs.values()), "the end of the run")
-            codes = sorted(p.returncode for p in self.procs.values())
-            if any(code not in (0, -signal.SIGKILL) for code in codes):
-                raise RunFailed(f"processes exited with {codes}")
+            codes = {pid: p.returncode for pid, p in self.procs.items()}
+            failed = sorted(pid for pid, code in codes.items() if code not in (0, -signal.SIGKILL))
+            if failed:
+                raise RunFailed(f"processes exited with {sorted(codes.values())}; one with {codes[failed[0]]}: "
+                                f"{self.last_error(failed[0])}")
             return self.events()
         finally:
             for p in self.procs.values():
@@ -638,6 +641,18 @@ def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
     # The first step trained without the lost replica: c's restart goes back to the last
     # checkpoint, which is before the kill's step where the kill came while it was written.
     left_at = min((e["step"] for e in completed if e.get("generation") == SURVIVORS), default=kill["step"])
+    # Short: a step whose update averaged fewer replicas' gradients than the run had members
+    # then. torchft logs how many it averaged: its lighthouse leaves out a replica that asks
+    # for the quorum later than its join timeout, and that replica heals at the next one. In
+    # the other paths, a member left out fails the step's collectives: every process that
+    # completed a step averaged it.
+    world = len({e["slot"] for e in completed})
+    averaged: Dict[int, int] = {}
+    for step in {e["step"] for e in completed}:
+        of_step = [e for e in completed if e["step"] == step]
+        logged = [e["participants"] for e in of_step if e.get("participants") is not None]
+        averaged[step] = min(logged) if logged else len({e["slot"] for e in of_step})
+    members = {step: world - 1 if left_at <= step < first_join["step"] else world for step in averaged}
     return {
         "end": end,
         "kill_to_survivors_step_s": (recovered - kill["t"]) / 1e9,
@@ -646,6 +661,7 @@ def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
         "joined_at": first_join["step"],
         "discarded_attempts": discarded,
         "lost_updates": len(set(range(end)) - {e["step"] for e in completed if e["slot"] == 0}),
+        "short_steps": sum(averaged[step] < members[step] for step in averaged),
         "steady_step_s": statistics.median(step_times) if step_times else None,
         "steady_rss_mb": steady_rss,
         "recovery_rss_mb": recovery_rss,
@@ -880,9 +896,14 @@ def measure_cell(args, cell: Cell) -> dict:
     return run
 
 
+def short_steps(cell: dict) -> str:
+    """A cell's steps short of a member; measurements from before the count have none."""
+    return str(cell["short_steps"]) if "short_steps" in cell else "n/c"
+
+
 def table(data: dict) -> str:
     lines = [f"{'world':>5} {'size':>5} {'compile':8} {'killed in':13} {'path':14} {'kill->step s':>12} "
-             f"{'new->step s':>11} {'discarded':>9} {'lost':>4} {'exact':>5} {'max diff':>9} {'graphs':>6} "
+             f"{'new->step s':>11} {'discarded':>9} {'lost':>4} {'short':>5} {'exact':>5} {'max diff':>9} {'graphs':>6} "
              f"{'RSS/st':>6} {'step ms':>7}"]
     for key, r in data["cells"].items():
         world, size, compile_mode, kill_in, path = key.split("-", 4)
@@ -893,7 +914,7 @@ def table(data: dict) -> str:
         lines.append(
             f"{row} {r['kill_to_survivors_step_s']:12.2f} "
             f"{r['new_process_to_first_step_s']:11.2f} {r['discarded_attempts']:9d} {r['lost_updates']:4d} "
-            f"{'yes' if r['bitwise_equal_to_reference'] else 'no':>5} {r['max_abs_diff']:9.2e} "
+            f"{short_steps(r):>5} {'yes' if r['bitwise_equal_to_reference'] else 'no':>5} {r['max_abs_diff']:9.2e} "
             f"{r['graphs_after_warmup']:6d} {r['recovery_rss_over_steady']:6.2f} "
             f"{(r['steady_step_s'] or 0) * 1e3:7.1f}"
         )
@@ -925,8 +946,9 @@ def table(data: dict) -> str:
 def markdown(data: dict) -> str:
     """The file's measurements as the Markdown tables of docs/benchmark.md."""
     lines = ["| world | size | compile | killed in | path | kill → survivors' next step, s | new process → its first "
-             "step, s | discarded | lost | equal to the reference | RSS in recovery / steady | graphs after warm-up |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "step, s | discarded | lost | short of a member | equal to the reference | RSS in recovery / steady | "
+             "graphs after warm-up |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def cell_order(key: str) -> tuple:
         config, path = key.rsplit("-", 1)
@@ -937,12 +959,13 @@ def markdown(data: dict) -> str:
         world, size, compile_mode, kill_in, path = key.split("-", 4)
         row = f"| {world[1:]} | {size} | {compile_mode} | {kill_in.replace('_', ' ')} | {path} |"
         if "error" in r:
-            lines.append(f"{row} failed: {r['error'][:160]} | | | | | | |")
+            lines.append(f"{row} failed: {r['error'][:160]} | | | | | | | |")
             continue
         exact = ("bitwise" if r["bitwise_equal_to_reference"] else f"no: at most {r['max_abs_diff']:.1e}"
                  + (f", relative L2 {r['relative_l2_diff']:.1e}" if "relative_l2_diff" in r else ""))
         lines.append(f"{row} {r['kill_to_survivors_step_s']:.2f} | {r['new_process_to_first_step_s']:.2f} | "
-                     f"{r['discarded_attempts']} | {r['lost_updates']} | {exact} | {r['recovery_rss_over_steady']:.2f} | "
+                     f"{r['discarded_attempts']} | {r['lost_updates']} | {short_steps(r)} | {exact} | "
+                     f"{r['recovery_rss_over_steady']:.2f} | "
                      f"{r['graphs_after_warmup']} |")
     lines += ["", "| world | size | compile | stock step, ms | series / stock | 95% interval | verdict (goal "
               f"{GOALS['steady_over_stock']}) | torchft / stock |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]

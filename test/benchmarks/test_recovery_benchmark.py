@@ -63,6 +63,7 @@ def test_a_path_that_recovers(report, path, kill_in):
     # starts the step with the lost replica in its group); in c, the restart on the join also
     # discards the step the survivor was in, if it was in one when killed.
     assert cell["discarded_attempts"] in ((1, 2) if path == "c" else (1,))
+    assert cell["short_steps"] == 0
     # The reference replays path a, so it shares a's mistakes; the replicas, each other's not.
     assert cell["replicas_identical"]
     # Two ranks add their gradients in one order, whatever the buckets: bit for bit.
@@ -88,6 +89,8 @@ def test_torchft_killed_between_steps(report):
     cell = data["cells"]["w2-tiny-none-between_steps-torchft"]
     assert cell["kill_to_survivors_step_s"] > 0 and cell["new_process_to_first_step_s"] > 0
     assert (cell["left_at"], cell["lost_updates"], cell["discarded_attempts"]) == (5, 0, 0)
+    # One survivor of two is not a majority: the lighthouse waits for it, it is never left out.
+    assert cell["short_steps"] == 0
     assert cell["joined_at"] > cell["left_at"] and cell["end"] == cell["joined_at"] + 5
     assert cell["replicas_identical"]
     # torchft divides the sum by the participants; DDP multiplies each gradient by 1/2, then
@@ -124,6 +127,38 @@ def test_interval_and_verdict():
     assert benchmark.verdict(1.03, 1.05, 1.02) == "not met"
     assert benchmark.verdict(1.0, 1.05, 1.02) == "inconclusive"
     assert benchmark.verdict(None, None, 1.02) == "inconclusive"
+
+
+def test_a_step_short_of_a_member():
+    # 4 replicas; the last is killed at step 5 and its new process first steps at 8. At 9 a
+    # replica asks for the quorum too late and is left out; at 10 one takes part with no
+    # gradient (torchft logs how many it averaged). The survivors' steps 5 to 7 average 3 of 3.
+    events, t = [], 0
+
+    def step(step, slots, participants, pid_of=lambda slot: 100 + slot):
+        nonlocal t
+        for slot in slots:
+            t += 1
+            events.append({"kind": "step", "t": t, "slot": slot, "pid": pid_of(slot), "step": step,
+                           "participants": participants, "rss_mb": 100.0})
+
+    for s in range(5):
+        step(s, range(4), 4)
+    t += 1
+    events.append({"kind": "kill", "t": t, "step": 5, "slot": 3})
+    for s in range(5, 8):
+        step(s, range(3), 3)
+
+    def joiner(slot):
+        return 200 if slot == 3 else 100 + slot
+
+    step(8, range(4), 4, joiner)
+    step(9, range(3), 3, joiner)
+    step(10, range(4), 3, joiner)
+    events += [{"kind": "final", "t": t + 1, "slot": slot, "pid": joiner(slot), "step": 11, "digest": "d",
+                "graphs_after_warmup": 0} for slot in range(4)]
+    cell = benchmark.analyze(events, {200: t - 10}, victim=3)
+    assert (cell["joined_at"], cell["lost_updates"], cell["short_steps"]) == (8, 0, 2)
 
 
 def test_a_failure_names_its_exception_not_the_lines_after_it(tmp_path):
