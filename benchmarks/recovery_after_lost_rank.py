@@ -484,8 +484,12 @@ class Driver:
         self.store.set(f"plan/{generation}", json.dumps(plan))
 
     def last_error(self, pid: int) -> str:
-        """Process ``pid``'s exception: the last line of its stderr that names an error (an
-        exception's message may go on after it), else its last line (SystemExit's message)."""
+        """Process ``pid``'s exception, as it recorded it. Where it recorded none (a C++ abort),
+        the last line of its stderr that names an error, else its last line."""
+        recorded = error_path(self.events_dir, pid)
+        if os.path.exists(recorded):
+            with open(recorded) as f:
+                return f.read()[:300]
         with open(self.stderr_path(pid)) as f:
             lines = [line.strip() for line in f if line.strip()]
         errors = [line for line in lines if re.match(r"(\[rank\d+\]: )*[\w.]*(Error|Exception)\b", line)]
@@ -625,7 +629,7 @@ def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
     steady_rss = statistics.median(e["rss_mb"] for e in before if e["slot"] in survivors and e["step"] > 0)
     recovery_rss = max(e["rss_mb"] for e in after if e["slot"] in survivors and e["t"] <= first_join["t"])
     # Discarded: a survivor's attempt that its process never completed, or a step that a slot
-    # completed again after a restart from an older checkpoint. Lost: a step slot 0 never completed.
+    # completed again after a restart from an older checkpoint. Lost: a step no replica completed.
     counts: Dict[tuple, int] = {}
     for e in events:
         if e["kind"] in ("attempt", "step") and e["slot"] != victim:
@@ -646,8 +650,8 @@ def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
     # for the quorum later than its join timeout, and that replica heals at the next one. In
     # the other paths, a member left out fails the step's collectives: every process that
     # completed a step averaged it.
-    world = len({e["slot"] for e in completed})
-    averaged: Dict[int, int] = {}
+    world = victim + 1  # the lost replica is the last
+    averaged: Dict[int, int] = {}  # per step: the replicas whose gradients its update averaged
     for step in {e["step"] for e in completed}:
         of_step = [e for e in completed if e["step"] == step]
         logged = [e["participants"] for e in of_step if e.get("participants") is not None]
@@ -660,7 +664,7 @@ def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
         "left_at": left_at,
         "joined_at": first_join["step"],
         "discarded_attempts": discarded,
-        "lost_updates": len(set(range(end)) - {e["step"] for e in completed if e["slot"] == 0}),
+        "lost_updates": len(set(range(end)) - {e["step"] for e in completed}),
         "short_steps": sum(averaged[step] < members[step] for step in averaged),
         "steady_step_s": statistics.median(step_times) if step_times else None,
         "steady_rss_mb": steady_rss,
@@ -800,6 +804,11 @@ def verdict(low: Optional[float], high: Optional[float], limit: float) -> str:
     return "met" if high <= limit else "not met" if low > limit else "inconclusive"
 
 
+def error_path(events_dir: str, pid: int) -> str:
+    """Where process ``pid`` records the exception that ended it."""
+    return os.path.join(events_dir, f"error-{pid}.txt")
+
+
 def launch_group(args, cell: Cell, role: str, *, stock: bool = False, extra=()) -> List[dict]:
     """Starts cell.world processes of ``role`` with no fault and returns their events."""
     with tempfile.TemporaryDirectory() as workdir:
@@ -814,8 +823,11 @@ def launch_group(args, cell: Cell, role: str, *, stock: bool = False, extra=()) 
             cmd += ["--events", workdir, "--timeout", str(args.timeout), *extra]
             procs.append(subprocess.Popen(cmd, env=env))
         codes = [p.wait() for p in procs]
-        if any(codes):
-            raise RunFailed(f"the {role} processes exited with {codes}")
+        failed = [p.pid for p in procs if p.returncode]
+        if failed:
+            recorded = error_path(workdir, failed[0])
+            error = pathlib.Path(recorded).read_text() if os.path.exists(recorded) else "no error recorded"
+            raise RunFailed(f"the {role} processes exited with {codes}; one with {error}")
         return read_events(workdir)
 
 
@@ -943,6 +955,11 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def escaped(error: str) -> str:
+    """An error's first 160 characters, for a cell of a Markdown table."""
+    return error[:160].replace("|", "\\|")
+
+
 def markdown(data: dict) -> str:
     """The file's measurements as the Markdown tables of docs/benchmark.md."""
     lines = ["| world | size | compile | killed in | path | kill → survivors' next step, s | new process → its first "
@@ -959,7 +976,7 @@ def markdown(data: dict) -> str:
         world, size, compile_mode, kill_in, path = key.split("-", 4)
         row = f"| {world[1:]} | {size} | {compile_mode} | {kill_in.replace('_', ' ')} | {path} |"
         if "error" in r:
-            lines.append(f"{row} failed: {r['error'][:160]} | | | | | | | |")
+            lines.append(f"{row} failed: {escaped(r['error'])} | | | | | | | |")
             continue
         exact = ("bitwise" if r["bitwise_equal_to_reference"] else f"no: at most {r['max_abs_diff']:.1e}"
                  + (f", relative L2 {r['relative_l2_diff']:.1e}" if "relative_l2_diff" in r else ""))
@@ -973,7 +990,7 @@ def markdown(data: dict) -> str:
         r = data["steady"][key]
         world, size, compile_mode = key.split("-")
         if "error" in r:
-            lines.append(f"| {world[1:]} | {size} | {compile_mode} | failed: {r['error'][:160]} | | | | |")
+            lines.append(f"| {world[1:]} | {size} | {compile_mode} | failed: {escaped(r['error'])} | | | | |")
             continue
         low, high = r["interval_95"]
         torchft = f"{r['torchft_over_stock']:.3f}" if "torchft_over_stock" in r else "not run"
@@ -985,7 +1002,7 @@ def markdown(data: dict) -> str:
         r = data["call"][key]
         world, size = key.split("-")
         if "error" in r:
-            lines.append(f"| {world[1:]} | {size} | | failed: {r['error'][:160]} | | | |")
+            lines.append(f"| {world[1:]} | {size} | | failed: {escaped(r['error'])} | | | |")
             continue
         for mode in CALL_MODES:
             m = r[mode]
@@ -1108,8 +1125,15 @@ def main() -> int:
     args = parser.parse_args()
     if args.role != "driver":
         args.compile, args.kill_step, args.kill_in = args.compile_mode, args.kill_step_of_process, args.kill_in_process
-        return {"replica": lambda a: Replica(a).run(), "torchft": torchft_replica, "steady": steady_replica,
-                "call": call_replica}[args.role](args)
+        try:
+            return {"replica": lambda a: Replica(a).run(), "torchft": torchft_replica, "steady": steady_replica,
+                    "call": call_replica}[args.role](args)
+        except BaseException as e:
+            # What the driver reports. Stderr cannot say which error ended the process: torchft
+            # logs the errors it handles with their tracebacks.
+            with open(error_path(args.events, os.getpid()), "w") as f:
+                f.write(f"{type(e).__name__}: {next(iter(str(e).splitlines()), '')}")
+            raise
 
     if "torchft" in args.paths and importlib.util.find_spec("torchft") is None:
         parser.error("path torchft needs torchft 0.2.0 (pip install torchft==0.2.0), or leave it out of --paths")

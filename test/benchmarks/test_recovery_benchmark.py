@@ -8,6 +8,7 @@ timings are the benchmark's to report; these check what does not depend on the m
 import importlib.util
 import json
 import pathlib
+import socket
 import subprocess
 import sys
 
@@ -130,16 +131,20 @@ def test_interval_and_verdict():
 
 
 def test_a_step_short_of_a_member():
-    # 4 replicas; the last is killed at step 5 and its new process first steps at 8. At 9 a
-    # replica asks for the quorum too late and is left out; at 10 one takes part with no
-    # gradient (torchft logs how many it averaged). The survivors' steps 5 to 7 average 3 of 3.
+    # 4 replicas; the last is killed at step 5 and its new process first steps at 8. The
+    # survivors' steps 5 to 7 average 3 of 3. At 8, slot 0 asks for the quorum too late and is
+    # left out (it heals past 8: the step is short, not lost); at 9, slot 3. At 10 every replica
+    # logs the step but torchft says it averaged 3: its count wins over the slots'.
     events, t = [], 0
 
-    def step(step, slots, participants, pid_of=lambda slot: 100 + slot):
+    def pid(slot):
+        return 200 if slot == 3 and t > 100 else 100 + slot
+
+    def step(step, slots, participants):
         nonlocal t
         for slot in slots:
             t += 1
-            events.append({"kind": "step", "t": t, "slot": slot, "pid": pid_of(slot), "step": step,
+            events.append({"kind": "step", "t": t, "slot": slot, "pid": pid(slot), "step": step,
                            "participants": participants, "rss_mb": 100.0})
 
     for s in range(5):
@@ -148,17 +153,14 @@ def test_a_step_short_of_a_member():
     events.append({"kind": "kill", "t": t, "step": 5, "slot": 3})
     for s in range(5, 8):
         step(s, range(3), 3)
-
-    def joiner(slot):
-        return 200 if slot == 3 else 100 + slot
-
-    step(8, range(4), 4, joiner)
-    step(9, range(3), 3, joiner)
-    step(10, range(4), 3, joiner)
-    events += [{"kind": "final", "t": t + 1, "slot": slot, "pid": joiner(slot), "step": 11, "digest": "d",
+    t = 101  # the new process
+    step(8, (1, 2, 3), 3)
+    step(9, range(3), 3)
+    step(10, range(4), 3)
+    events += [{"kind": "final", "t": t + 1, "slot": slot, "pid": pid(slot), "step": 11, "digest": "d",
                 "graphs_after_warmup": 0} for slot in range(4)]
-    cell = benchmark.analyze(events, {200: t - 10}, victim=3)
-    assert (cell["joined_at"], cell["lost_updates"], cell["short_steps"]) == (8, 0, 2)
+    cell = benchmark.analyze(events, {200: 90}, victim=3)
+    assert (cell["joined_at"], cell["lost_updates"], cell["short_steps"]) == (8, 0, 3)
 
 
 def test_a_failure_names_its_exception_not_the_lines_after_it(tmp_path):
@@ -177,6 +179,24 @@ def test_a_failure_names_its_exception_not_the_lines_after_it(tmp_path):
     # SystemExit's message names no exception: the last line.
     pathlib.Path(driver.stderr_path(2)).write_text("slot 1 saw the switch at step 3 at 4\n")
     assert driver.last_error(2) == "slot 1 saw the switch at step 3 at 4"
+    # What the process recorded wins over its stderr, where torchft logs the errors it handles.
+    pathlib.Path(driver.stderr_path(3)).write_text(
+        "Traceback (most recent call last):\nRuntimeError: handled by torchft\nslot 1 is at step 9, past the end at 8\n")
+    pathlib.Path(benchmark.error_path(driver.events_dir, 3)).write_text("SystemExit: slot 1 is at step 9, past the end at 8")
+    assert driver.last_error(3) == "SystemExit: slot 1 is at step 9, past the end at 8"
+
+
+def test_a_process_records_the_error_that_ends_it(tmp_path):
+    # A replica whose driver's store is not there: it records why it failed, for the driver.
+    with socket.socket() as unused:
+        unused.bind(("localhost", 0))
+        port = unused.getsockname()[1]
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARK), "--role", "replica", "--slot", "0", "--world", "1", "--size", "tiny",
+         "--port", str(port), "--events", str(tmp_path), "--timeout", "1"], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    recorded = list(tmp_path.glob("error-*.txt"))
+    assert len(recorded) == 1 and "Error" in recorded[0].read_text().split(":")[0], result.stderr[-2000:]
 
 
 @runs
