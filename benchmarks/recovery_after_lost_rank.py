@@ -23,7 +23,8 @@ broadcasts Adam's state; in torchft the joiner heals from
 a member through torchft's checkpoint transport inside its first quorum (use_async_quorum=False);
 in c every process loads the checkpoint. Detection differs: in a and a_reconfigure the driver,
 the processes' parent, sees the exit at once and publishes the survivors (an oracle, a lower
-bound on detection); torchft's lighthouse waits for the lost replica's heartbeat to expire.
+bound on detection); torchft's lighthouse forms the next quorum once the lost replica's heartbeat
+expires, or sooner, once a majority has asked and its join timeout has passed.
 
 Reported per path: the time from the kill to the survivors' next completed optimizer step; from
 the new process's start to its first completed step; the failed attempts (steps whose update
@@ -486,10 +487,9 @@ class Driver:
     def last_error(self, pid: int) -> str:
         """Process ``pid``'s exception, as it recorded it. Where it recorded none (a C++ abort),
         the last line of its stderr that names an error, else its last line."""
-        recorded = error_path(self.events_dir, pid)
-        if os.path.exists(recorded):
-            with open(recorded) as f:
-                return f.read()[:300]
+        recorded = recorded_error(self.events_dir, pid)
+        if recorded is not None:
+            return recorded[:300]
         with open(self.stderr_path(pid)) as f:
             lines = [line.strip() for line in f if line.strip()]
         errors = [line for line in lines if re.match(r"(\[rank\d+\]: )*[\w.]*(Error|Exception)\b", line)]
@@ -809,6 +809,12 @@ def error_path(events_dir: str, pid: int) -> str:
     return os.path.join(events_dir, f"error-{pid}.txt")
 
 
+def recorded_error(events_dir: str, pid: int) -> Optional[str]:
+    """The exception that process ``pid`` recorded, or None where it recorded none."""
+    path = pathlib.Path(error_path(events_dir, pid))
+    return path.read_text() if path.exists() else None
+
+
 def launch_group(args, cell: Cell, role: str, *, stock: bool = False, extra=()) -> List[dict]:
     """Starts cell.world processes of ``role`` with no fault and returns their events."""
     with tempfile.TemporaryDirectory() as workdir:
@@ -825,8 +831,7 @@ def launch_group(args, cell: Cell, role: str, *, stock: bool = False, extra=()) 
         codes = [p.wait() for p in procs]
         failed = [p.pid for p in procs if p.returncode]
         if failed:
-            recorded = error_path(workdir, failed[0])
-            error = pathlib.Path(recorded).read_text() if os.path.exists(recorded) else "no error recorded"
+            error = recorded_error(workdir, failed[0]) or "no error recorded"
             raise RunFailed(f"the {role} processes exited with {codes}; one with {error}")
         return read_events(workdir)
 
