@@ -429,6 +429,37 @@ def _is_bucket_agreement(kind, inputs):
     )
 
 
+class _CommMemoryProbe(torch._C._distributed_c10d.Backend):
+    """A Gloo backend that records when it is asked for comm-optimized memory.
+
+    The reducer asks a group's default backend whether it can allocate a
+    bucket from its comm-optimized memory pool (``supports_tensor_alloc``,
+    with the bucket's device index) where ``DDP_DISABLE_COMM_MEM`` is ``"0"``.
+    The probe answers no, so the bucket gets plain memory, as without it.
+    """
+
+    def __init__(self, store, rank, size):
+        super().__init__(rank, size)
+        self.inner = dist.ProcessGroupGloo(store, rank, size)
+        self.asked = []
+
+    def getBackendName(self):
+        return "comm_memory_probe"
+
+    def supports_tensor_alloc(self, device_index):
+        self.asked.append(device_index)
+        return False
+
+    def allreduce(self, tensors, opts):
+        return self.inner.allreduce(tensors, opts)
+
+    def allgather(self, output_tensors, input_tensors, opts):
+        return self.inner.allgather(output_tensors, input_tensors, opts)
+
+    def broadcast(self, tensors, opts):
+        return self.inner.broadcast(tensors, opts)
+
+
 @instantiate_parametrized_tests
 class UpdateProcessGroupTest:
     """Cases of DistributedDataParallel._update_process_group, for every backend.
@@ -828,6 +859,36 @@ class UpdateProcessGroupTest:
         for step in range(2, 4):
             self._step(ddp, members, step, set_to_none=False)
         self.assertEqual([p.grad.data_ptr() for p in ddp.parameters()], storage)
+
+    def test_change_allocates_comm_memory_buckets_for_the_new_group(self):
+        # Where DDP_DISABLE_COMM_MEM is "0", a bucket may be memory of the
+        # previous group's backend: the change allocates every bucket again,
+        # asking the new group's backend, and the gradients keep their values.
+        self._init_default_group()
+        ddp = self._ddp_with_several_buckets(gradient_as_bucket_view=True)
+        everyone = list(range(self.world_size))
+        for step in range(2):
+            self._step(ddp, everyone, step, set_to_none=False)
+        grads = [p.grad.clone() for p in ddp.parameters()]
+        storage = [p.grad.data_ptr() for p in ddp.parameters()]
+        store = dist.PrefixStore(
+            "comm_memory", dist.distributed_c10d._get_default_store()
+        )
+        probe = _CommMemoryProbe(store, self.rank, self.world_size)
+        new = dist.ProcessGroup(store, self.rank, self.world_size)
+        new._register_backend(self.device, dist.ProcessGroup.BackendType.CUSTOM, probe)
+        new._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        with mock.patch.dict(os.environ, {"DDP_DISABLE_COMM_MEM": "0"}):
+            ddp._update_process_group(new)
+        num_buckets = len(ddp.reducer._get_zeros_like_grad_buckets())
+        self.assertGreater(num_buckets, 2)
+        device_index = -1 if self.device.index is None else self.device.index
+        self.assertEqual(probe.asked, [device_index] * num_buckets)
+        for p, grad, old in zip(ddp.parameters(), grads, storage):
+            self.assertNotEqual(p.grad.data_ptr(), old)
+            self.assertEqual(p.grad, grad, atol=0, rtol=0)
+        for step in range(2, 4):
+            self._step(ddp, everyone, step, set_to_none=False)
 
     def test_group_without_backend_for_device_changes_nothing(self):
         # Like an NCCL group for a CPU module: a group whose only backend
