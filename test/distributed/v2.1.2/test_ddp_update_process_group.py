@@ -208,6 +208,11 @@ class _HeldGroup(dist.ProcessGroup):
     same memory: the worst moment, as the next iteration's own collective of
     those tensors starts. A released collective writes ``1e6`` times the
     values, or ones into a map of used parameters (see :func:`_write_late`).
+
+    Allgathers and broadcasts always run, except that ``fail_collective``
+    fails the first for which it returns True, called with the collective's
+    kind (``"allgather"`` or ``"broadcast"``) and its input tensors: the
+    collective raises.
     """
 
     def __init__(self, inner):
@@ -216,6 +221,7 @@ class _HeldGroup(dist.ProcessGroup):
         self.holding = False
         self.held = []
         self._release_into = []
+        self.fail_collective = None
 
     def getBackendName(self):
         # Not the inner group's name, whose backend objects this group lacks.
@@ -236,10 +242,19 @@ class _HeldGroup(dist.ProcessGroup):
         return _create_work_from_future(future)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        self._fail_if_chosen("allgather", input_tensors)
         return self.inner.allgather(output_tensors, input_tensors)
 
     def broadcast(self, tensors, opts=None):
+        self._fail_if_chosen("broadcast", tensors)
         return self.inner.broadcast(tensors, opts or dist.BroadcastOptions())
+
+    def _fail_if_chosen(self, kind, inputs):
+        """Raises for the first collective that ``fail_collective`` matches."""
+        if self.fail_collective is None or not self.fail_collective(kind, inputs):
+            return
+        self.fail_collective = None
+        raise RuntimeError("simulated failed collective")
 
     def release_before(self, other):
         other._release_into.append(self)
@@ -259,41 +274,16 @@ class _HeldGroup(dist.ProcessGroup):
         self.held = pending
 
 
-class _CountingGroup(dist.ProcessGroup):
-    """A process group that runs its collectives on ``inner``, and records their kinds.
+def _nth(kind, n):
+    """For ``fail_collective``: the ``n``-th collective of ``kind``, from 1."""
+    seen = 0
 
-    With ``fail_at``, the collective of that number, from 1, raises instead.
-    """
+    def match(collective_kind, inputs):
+        nonlocal seen
+        seen += collective_kind == kind
+        return collective_kind == kind and seen == n
 
-    def __init__(self, inner, fail_at=None):
-        super().__init__(inner.rank(), inner.size())
-        self.inner = inner
-        self.collectives = []
-        self.fail_at = fail_at
-
-    def getBackendName(self):
-        return "counting"
-
-    def _get_backend(self, device):
-        # DDP checks that a new group has a backend for the module's device.
-        return self.inner._get_backend(device)
-
-    def _record(self, kind):
-        self.collectives.append(kind)
-        if len(self.collectives) == self.fail_at:
-            raise RuntimeError("simulated failed collective")
-
-    def allgather(self, output_tensors, input_tensors, opts=None):
-        self._record("allgather")
-        return self.inner.allgather(output_tensors, input_tensors)
-
-    def broadcast(self, tensors, opts=None):
-        self._record("broadcast")
-        return self.inner.broadcast(tensors, opts or dist.BroadcastOptions())
-
-    def allreduce(self, tensors, opts=None):
-        self._record("allreduce")
-        return self.inner.allreduce(tensors, opts or dist.AllreduceOptions())
+    return match
 
 
 @instantiate_parametrized_tests
@@ -868,10 +858,10 @@ class UpdateProcessGroupTestBase:
         everyone = list(range(self.world_size))
         group = ddp.process_group
         self._step(ddp, ddp, everyone, 0)
-        new = _CountingGroup(dist.new_group(everyone), fail_at=4)
+        new = _HeldGroup(dist.new_group(everyone))
+        new.fail_collective = _nth("broadcast", 1)
         with self.assertRaisesRegex(RuntimeError, "simulated failed collective"):
             ddp._update_process_group(new)
-        self.assertEqual(new.collectives[-1], "broadcast")
         self.assertIs(ddp.process_group, group)
         for step in range(1, 3):
             self._step(ddp, ddp, everyone, step)
@@ -1419,9 +1409,11 @@ moves with the module's process group). Leave update_comm_hook_state out.""",
         # (a broadcast).
         self._init_default_group()
         ddp = self._ddp()
-        new = _CountingGroup(dist.new_group(list(range(self.world_size))))
+        new = _HeldGroup(dist.new_group(list(range(self.world_size))))
+        collectives = []
+        new.fail_collective = lambda kind, inputs: collectives.append(kind)
         ddp._update_process_group(new)
-        self.assertEqual(new.collectives, ["allgather"] * 3 + ["broadcast"])
+        self.assertEqual(collectives, ["allgather"] * 3 + ["broadcast"])
         self._step(ddp, ddp, list(range(self.world_size)), 0)
 
     def test_buffer_comm_hook_follows_group(self):
@@ -1669,7 +1661,8 @@ contains this rank first.""",
         first = everyone[: self.world_size // 2]
         first_pg = dist.new_group(first)
         ddp._update_process_group(first_pg)
-        new = _CountingGroup(dist.new_group(everyone), fail_at=2)
+        new = _HeldGroup(dist.new_group(everyone))
+        new.fail_collective = _nth("allgather", 2)
         with self.assertRaisesRegex(RuntimeError, "simulated failed collective"):
             ddp._update_process_group(new)
         if self.rank in first:
