@@ -845,7 +845,8 @@ class UpdateProcessGroupTest:
 
     def test_change_keeps_bucket_storage(self):
         # Gradients that are views of the buckets stay views of the same
-        # storage across a change: no bucket is allocated again.
+        # storage across a change: no bucket is allocated again, where
+        # DDP_DISABLE_COMM_MEM is "1", its default.
         self._init_default_group()
         ddp = self._ddp_with_several_buckets(gradient_as_bucket_view=True)
         everyone = list(range(self.world_size))
@@ -854,7 +855,8 @@ class UpdateProcessGroupTest:
         self.assertGreater(len(ddp.reducer._get_zeros_like_grad_buckets()), 2)
         storage = [p.grad.data_ptr() for p in ddp.parameters()]
         members, pg = self._split()
-        ddp._update_process_group(pg)
+        with mock.patch.dict(os.environ, {"DDP_DISABLE_COMM_MEM": "1"}):
+            ddp._update_process_group(pg)
         self.assertEqual([p.grad.data_ptr() for p in ddp.parameters()], storage)
         for step in range(2, 4):
             self._step(ddp, members, step, set_to_none=False)
