@@ -14,7 +14,9 @@ series in ``patches/<base>/``:
 import dataclasses
 import pathlib
 import re
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
+
+from torch_overlay import commits
 
 # The release (2.2) from which upstream has DistributedDataParallel._update_process_group.
 UPSTREAM_SINCE = (2, 2)
@@ -46,10 +48,11 @@ class Base:
     submit_to: str
     # Pins that only this base's venv needs, besides torch itself.
     extra_requirements: Tuple[str, ...] = ()
-    # How many patches the series starts with that fix bugs (the rest extend), and the
-    # other releases whose files those fixes apply to and whose libtorch the overlay can
-    # carry them onto (scripts/overlay install --fixes-only, scripts/gpu-check).
-    fixes: int = 0
+    # The subject of the last of the patches that the series starts with that fix bugs
+    # (the rest extend), and the other releases whose files those fixes apply to and
+    # whose libtorch the overlay can carry them onto (scripts/overlay install
+    # --fixes-only, scripts/gpu-check). A subject, not a count: the stack may be reordered.
+    last_fix: str = ""
     fixes_also_on: Tuple[str, ...] = ()
 
     @property
@@ -83,19 +86,28 @@ class Base:
             raise ValueError(f"{tree_path} is not under {prefix}")
         return self.tests(repo) / tree_path[len(prefix) :]
 
+    def fix_patches(self, repo: pathlib.Path) -> List[pathlib.Path]:
+        """Return the patches that the series starts with that fix bugs, through :attr:`last_fix`."""
+        if not self.last_fix:
+            raise UnsupportedTorch(f"the {self.name} series marks no patches as fixes")
+        try:
+            return commits.patches_through(self.patches(repo), self.last_fix)
+        except commits.UnknownCommit as e:
+            raise UnsupportedTorch(f"the {self.name} series' last fix: {e}") from None
+
     def venv(self, repo: pathlib.Path) -> pathlib.Path:
         """The overlay venv of this base: .venv for the default base, .venv-<base> for the others."""
         return repo / (".venv" if self.name == DEFAULT else f".venv-{self.name}")
 
     def check_fixes(self, version: str) -> None:
         """Raise UnsupportedTorch unless the fixes alone can be carried onto torch ``version``."""
-        if not self.fixes:
+        if not self.last_fix:
             raise UnsupportedTorch(f"the {self.name} series marks no patches as fixes")
         if parse(version) in [self.release] + [parse(v) for v in self.fixes_also_on]:
             return
         releases = ", ".join(f"{v[0]}.{v[1]}.x" for v in [self.release] + [parse(v) for v in self.fixes_also_on])
         raise UnsupportedTorch(
-            f"the fixes of the {self.name} series (its first {self.fixes} patches) apply to torch "
+            f"the fixes of the {self.name} series (through {self.last_fix!r}) apply to torch "
             f"{releases}, not to torch {version}."
         )
 
@@ -140,11 +152,11 @@ BASES: Dict[str, Base] = {
             # The CUDA of its default wheel (torch.version.cuda of torch 2.14.1 from PyPI).
             newest_cuda=(13, 0),
             submit_to="pytorch/pytorch, applied onto a checkout of its main branch (or a repository your team owns)",
-            # 0001-0006: the in-flight collectives of an interrupted pass and of one that
+            # The fixes: the in-flight collectives of an interrupted pass and of one that
             # failed in finalize_backward(), the model check and the bucket assignment, the
             # argument check, distributed_test.py's tests. Their hunks apply to the files
             # of the 2.11.0 wheel, the torch of the GPU machines (scripts/gpu-check).
-            fixes=6,
+            last_fix="[DDP] Run the _update_process_group tests of distributed_test.py on Gloo",
             fixes_also_on=("2.11.0",),
             # benchmarks/recovery_after_lost_rank.py runs torchft beside the series; it needs
             # torch 2.7 or later, so the venvs of older bases go without it.

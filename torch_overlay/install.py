@@ -368,7 +368,7 @@ def install(
         build: compiles the extension; called as ``build(include_dir, series)`` and
             returns the built module's path.
         fixes_only: carry only the patches that fix bugs, which the series starts
-            with (``base.fixes``); ``torch`` may then also be one of
+            with (through ``base.last_fix``); ``torch`` may then also be one of
             ``base.fixes_also_on``.
     """
     try:
@@ -449,7 +449,10 @@ def install(
 
 def read_base_series(repo: pathlib.Path, torch: Torch, base: bases.Base, fixes_only: bool) -> series_mod.Series:
     """``base``'s series in ``repo``, or its fixes alone."""
-    count = base.fixes if fixes_only else None
+    try:
+        count = len(base.fix_patches(repo)) if fixes_only else None
+    except bases.UnsupportedTorch as e:
+        raise OverlayError(str(e)) from e
     return series_mod.read_series(base.patches(repo), torch.site_packages, replaceable=base.has_api, count=count)
 
 

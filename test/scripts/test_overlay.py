@@ -6,6 +6,7 @@ only the compiler is replaced, so these tests run in seconds. That test/ and
 bindings.cpp agree with the series is the patch series linter's job (test_lint.py).
 """
 
+import dataclasses
 import hashlib
 import os
 import pathlib
@@ -17,7 +18,7 @@ import sys
 import pytest
 
 from conftest import BASE, fake_command, WHEEL_ORIGINALS
-from torch_overlay import bases, callers, install as overlay, series
+from torch_overlay import bases, callers, commits, install as overlay, series
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PATCHES = BASE.patches(REPO)
@@ -243,7 +244,7 @@ def test_v2_14_series_roles(tmp_path):
     # 0011 and 0025: the hook modules implement the protocol that DDP calls.
     assert hooks + "powerSGD_hook.py" in s.applied
     # Its fixes alone: the first patches, which change the two functions and bind nothing new.
-    fixes = series.read_series(upstream.patches(REPO), site, replaceable=True, count=upstream.fixes)
+    fixes = series.read_series(upstream.patches(REPO), site, replaceable=True, count=len(upstream.fix_patches(REPO)))
     assert [p.name[:4] for p in fixes.patches] == ["0001", "0002", "0003", "0004", "0005", "0006"]
     assert [r.name for r in fixes.replaced] == ["Reducer::update_process_group", "Reducer::reset_state"]
     assert fixes.replaced[1].text.startswith("void Reducer::reset_state() {")
@@ -263,6 +264,14 @@ def test_the_fixes_alone_go_onto_more_releases(version, message):
             upstream.check_fixes(version)
     with pytest.raises(bases.UnsupportedTorch, match="marks no patches as fixes"):
         bases.get("v2.1.2").check_fixes("2.1.2")
+
+
+def test_the_last_fix_is_named_by_a_subject_of_the_series():
+    upstream = bases.get("v2.14.1")
+    assert commits.read_subject(upstream.fix_patches(REPO)[-1]) == upstream.last_fix
+    renamed = dataclasses.replace(upstream, last_fix=upstream.last_fix + " again")
+    with pytest.raises(bases.UnsupportedTorch, match="last fix: no patch in .* the closest is"):
+        renamed.fix_patches(REPO)
 
 
 def test_renames_reach_only_the_replaced_functions(tmp_path, site):
