@@ -100,9 +100,15 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, size.dim)
         layer = nn.TransformerEncoderLayer(
-            size.dim, size.heads, dim_feedforward=4 * size.dim, dropout=0.0, batch_first=True
+            size.dim,
+            size.heads,
+            dim_feedforward=4 * size.dim,
+            dropout=0.0,
+            batch_first=True,
         )
-        self.blocks = nn.TransformerEncoder(layer, num_layers=size.layers, enable_nested_tensor=False)
+        self.blocks = nn.TransformerEncoder(
+            layer, num_layers=size.layers, enable_nested_tensor=False
+        )
         self.head = nn.Linear(size.dim, VOCAB)
 
     def forward(self, tokens):
@@ -169,7 +175,9 @@ class Rank:
         self.generation += 1
         dist.init_process_group(
             group_backend(self.args),
-            store=dist.PrefixStore(f"{self.args.session}/{self.args.role}/{self.generation}", self.store),
+            store=dist.PrefixStore(
+                f"{self.args.session}/{self.args.role}/{self.generation}", self.store
+            ),
             rank=self.args.rank,
             world_size=self.args.world,
         )
@@ -187,7 +195,9 @@ class Rank:
     def step(self) -> float:
         """One training step; returns its wall time in seconds."""
         gen = torch.Generator().manual_seed(1000 * self.step_index + self.args.rank)
-        tokens = torch.randint(0, VOCAB, (2, SEQUENCE + 1), generator=gen).to(self.device)
+        tokens = torch.randint(0, VOCAB, (2, SEQUENCE + 1), generator=gen).to(
+            self.device
+        )
         start = time.perf_counter()
         logits = self.compiled(tokens[:, :-1])
         self.loss_fn(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
@@ -215,7 +225,9 @@ class Rank:
             # so that it measures the call, not how late the last rank came.
             dist.barrier()
             call_start = time.perf_counter()
-            self.ddp._update_process_group(dist.group.WORLD, sync_module_states=path == "a_sync")
+            self.ddp._update_process_group(
+                dist.group.WORLD, sync_module_states=path == "a_sync"
+            )
             call_s = time.perf_counter() - call_start
             free_start = time.perf_counter()
             del old_group
@@ -225,7 +237,10 @@ class Rank:
         if path == "b":
             self.wrap()
         elif path == "d":
-            state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
+            state, optimizer_state = (
+                self.module.state_dict(),
+                self.optimizer.state_dict(),
+            )
             self.module = LanguageModel(SIZES[self.args.size]).to(self.device)
             self.module.load_state_dict(state)
             self.wrap()
@@ -244,7 +259,9 @@ class Rank:
 
 def run_rank(args) -> dict:
     """The in-process paths: warm up, measure the steady state, then change again and again."""
-    store = dist.TCPStore(args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=600))
+    store = dist.TCPStore(
+        args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=600)
+    )
     rank = Rank(args, store)
     rank.init_group()
     rank.wrap()
@@ -262,12 +279,21 @@ def run_rank(args) -> dict:
         for repeat in range(args.repeats):
             changes[path].append(rank.change(path))
             if args.rank == 0:
-                print(f"    repeat {repeat + 1}/{args.repeats}: {path:6s} {changes[path][-1]['resume_s']:8.3f} s", flush=True)
+                print(
+                    f"    repeat {repeat + 1}/{args.repeats}: {path:6s} {changes[path][-1]['resume_s']:8.3f} s",
+                    flush=True,
+                )
             # Back to the steady state before the next change.
             for _ in range(2):
                 rank.step()
     if args.rank == 0:
-        torch.save({"model": rank.module.state_dict(), "optimizer": rank.optimizer.state_dict()}, args.checkpoint)
+        torch.save(
+            {
+                "model": rank.module.state_dict(),
+                "optimizer": rank.optimizer.state_dict(),
+            },
+            args.checkpoint,
+        )
     dist.barrier()
     dist.destroy_process_group()
     return {"steady_step_s": steady, **steady_peaks, "changes": changes}
@@ -275,7 +301,9 @@ def run_rank(args) -> dict:
 
 def run_restarted_rank(args) -> dict:
     """Path c, in a process the launcher started at args.started (time.time())."""
-    store = dist.TCPStore(args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=600))
+    store = dist.TCPStore(
+        args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=600)
+    )
     rank = Rank(args, store)
     checkpoint = torch.load(args.checkpoint)
     rank.module.load_state_dict(checkpoint["model"])
@@ -307,13 +335,43 @@ def launch(args, role: str, session: str, store, checkpoint: str) -> List[dict]:
     started = time.time()
     procs = []
     for rank in range(args.world):
-        cmd = [sys.executable, __file__, "--role", role, "--rank", str(rank), "--world", str(args.world)]
-        cmd += ["--size", args.size, "--backend", args.backend, "--port", str(store.port)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--role",
+            role,
+            "--rank",
+            str(rank),
+            "--world",
+            str(args.world),
+        ]
+        cmd += [
+            "--size",
+            args.size,
+            "--backend",
+            args.backend,
+            "--port",
+            str(store.port),
+        ]
         cmd += ["--device", args.device, "--paths", *args.paths]
         if args.group_backend:
             cmd += ["--group-backend", args.group_backend]
-        cmd += ["--session", session, "--checkpoint", checkpoint, "--started", repr(started)]
-        cmd += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--steady-steps", str(args.steady_steps)]
+        cmd += [
+            "--session",
+            session,
+            "--checkpoint",
+            checkpoint,
+            "--started",
+            repr(started),
+        ]
+        cmd += [
+            "--repeats",
+            str(args.repeats),
+            "--warmup",
+            str(args.warmup),
+            "--steady-steps",
+            str(args.steady_steps),
+        ]
         procs.append(subprocess.Popen(cmd))
     try:
         # The others would wait in a collective for a rank that failed (out of memory, say).
@@ -325,8 +383,13 @@ def launch(args, role: str, session: str, store, checkpoint: str) -> List[dict]:
                 p.kill()
     codes = [p.wait() for p in procs]
     if any(codes):
-        raise ConfigurationFailed(f"the {role} processes exited with {codes}; -9 is a kill, as for lack of memory")
-    return [json.loads(store.get(f"{session}/{role}/result/{rank}")) for rank in range(args.world)]
+        raise ConfigurationFailed(
+            f"the {role} processes exited with {codes}; -9 is a kill, as for lack of memory"
+        )
+    return [
+        json.loads(store.get(f"{session}/{role}/result/{rank}"))
+        for rank in range(args.world)
+    ]
 
 
 def summarize(per_rank: List[List[dict]]) -> dict:
@@ -337,7 +400,12 @@ def summarize(per_rank: List[List[dict]]) -> dict:
         return statistics.median(values)
 
     calls = [c["call_s"] for r in per_rank for c in r if c["call_s"] is not None]
-    frees = [c["old_group_free_s"] for r in per_rank for c in r if c.get("old_group_free_s") is not None]
+    frees = [
+        c["old_group_free_s"]
+        for r in per_rank
+        for c in r
+        if c.get("old_group_free_s") is not None
+    ]
     summary = {
         "resume_s": median("resume_s"),
         "call_us": statistics.median(calls) * 1e6 if calls else None,
@@ -358,23 +426,43 @@ def measure(args, store) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = os.path.join(tmp, "checkpoint.pt")
         ranks = launch(args, "rank", session, store, checkpoint)
-        paths = {p: summarize([r["changes"][p] for r in ranks]) for p in ranks[0]["changes"]}
+        paths = {
+            p: summarize([r["changes"][p] for r in ranks]) for p in ranks[0]["changes"]
+        }
         if "c" in args.paths:
             restarts = []
             for restart in range(args.restarts):
-                restarts.append(launch(args, "restarted", f"{session}-{restart}", store, checkpoint))
+                restarts.append(
+                    launch(args, "restarted", f"{session}-{restart}", store, checkpoint)
+                )
                 slowest = max(r["resume_s"] for r in restarts[-1])
-                print(f"    restart {restart + 1}/{args.restarts}: c      {slowest:8.3f} s", flush=True)
-            paths["c"] = summarize([[restarts[i][rank] for i in range(len(restarts))] for rank in range(args.world)])
+                print(
+                    f"    restart {restart + 1}/{args.restarts}: c      {slowest:8.3f} s",
+                    flush=True,
+                )
+            paths["c"] = summarize(
+                [
+                    [restarts[i][rank] for i in range(len(restarts))]
+                    for rank in range(args.world)
+                ]
+            )
     steady = max(r["steady_step_s"] for r in ranks)
-    steady_peaks = {key: max(r[key] for r in ranks) for key in ranks[0] if key.startswith("steady_peak_")}
+    steady_peaks = {
+        key: max(r[key] for r in ranks)
+        for key in ranks[0]
+        if key.startswith("steady_peak_")
+    }
     for path in paths.values():
         path["first_step_over_steady"] = path["first_step_s"] / steady
         path["over_a"] = path["resume_s"] / paths["a"]["resume_s"]
         path["overhead_s"] = path["resume_s"] - steady
-        path["peak_rss_over_steady"] = path["peak_rss_mb"] / steady_peaks["steady_peak_rss_mb"]
+        path["peak_rss_over_steady"] = (
+            path["peak_rss_mb"] / steady_peaks["steady_peak_rss_mb"]
+        )
         if "peak_cuda_mb" in path:
-            path["peak_cuda_over_steady"] = path["peak_cuda_mb"] / steady_peaks["steady_peak_cuda_mb"]
+            path["peak_cuda_over_steady"] = (
+                path["peak_cuda_mb"] / steady_peaks["steady_peak_cuda_mb"]
+            )
     params = sum(p.numel() for p in LanguageModel(SIZES[args.size]).parameters())
     return {
         "world": args.world,
@@ -399,7 +487,12 @@ def table(results: List[dict]) -> str:
         # Two decimals where they matter (near 1), fewer for c's and d's hundreds and thousands.
         return cell(value, ".2f" if value is None or value < 100 else ".0f", width)
 
-    cuda = any("peak_cuda_mb" in p for r in results if "error" not in r for p in r["paths"].values())
+    cuda = any(
+        "peak_cuda_mb" in p
+        for r in results
+        if "error" not in r
+        for p in r["paths"].values()
+    )
     header = (
         f"{'world':>5} {'params':>7} {'path':6} {'resume s':>9} {'x a':>7} {'ovh ms':>8} {'call us':>7} "
         f"{'1st/st':>6} {'graphs':>6} {'RSS MB':>6} {'RSS/st':>6}"
@@ -411,7 +504,9 @@ def table(results: List[dict]) -> str:
             continue
         for name in [name for name in PATHS if name in r["paths"]]:
             p = r["paths"][name]
-            overhead = p["overhead_s"] * 1e3 if p.get("overhead_s") is not None else None
+            overhead = (
+                p["overhead_s"] * 1e3 if p.get("overhead_s") is not None else None
+            )
             call = f"{p['call_us']:7.0f}" if p["call_us"] is not None else f"{'':7}"
             line = (
                 f"{r['world']:5d} {r['parameters'] / 1e6:6.1f}M {name:6} {p['resume_s']:9.3f} {p['over_a']:7.1f} "
@@ -430,7 +525,10 @@ def goals(results: List[dict]) -> List[dict]:
     """Whether path a meets GOALS in ``results``: one dict per goal, with ``met`` True, False, or
     None when nothing measured it (configurations that failed, or entries written before the field
     existed, are left out and counted in ``detail``). Reported, never asserted."""
-    measured = sorted((r for r in results if "error" not in r), key=lambda r: (r["world"], r["parameters"]))
+    measured = sorted(
+        (r for r in results if "error" not in r),
+        key=lambda r: (r["world"], r["parameters"]),
+    )
 
     def where(r) -> str:
         return f"{r['world']} ranks {r['size']}"
@@ -438,15 +536,22 @@ def goals(results: List[dict]) -> List[dict]:
     def at_every(key: str, limit: float, text: str, unit: str, spec: str) -> dict:
         rows = [r for r in measured if r["paths"]["a"].get(key) is not None]
         skipped = len(measured) - len(rows)
-        goal = {"goal": f"path a's {text} <= {limit:g}{unit} at every size and world", "limit": limit}
+        goal = {
+            "goal": f"path a's {text} <= {limit:g}{unit} at every size and world",
+            "limit": limit,
+        }
         if not rows:
-            detail = "no configuration measured it" + (f" ({skipped} older entries lack it)" if skipped else "")
+            detail = "no configuration measured it" + (
+                f" ({skipped} older entries lack it)" if skipped else ""
+            )
             return {**goal, "met": None, "detail": detail}
         worst = max(rows, key=lambda r: r["paths"]["a"][key])
         over = [r for r in rows if r["paths"]["a"][key] > limit]
         detail = f"max {worst['paths']['a'][key]:{spec}}{unit} at {where(worst)}, of {len(rows)} configurations"
         if over:
-            detail += "; over: " + ", ".join(f"{where(r)} ({r['paths']['a'][key]:{spec}}{unit})" for r in over)
+            detail += "; over: " + ", ".join(
+                f"{where(r)} ({r['paths']['a'][key]:{spec}}{unit})" for r in over
+            )
         if skipped:
             detail += f"; n/a for {skipped} older entries"
         return {**goal, "met": not over, "detail": detail}
@@ -456,33 +561,62 @@ def goals(results: List[dict]) -> List[dict]:
     worlds = sorted({r["world"] for r in measured})
     growth = []
     for world in worlds:
-        rows = [r for r in measured if r["world"] == world and r["paths"]["a"].get("call_us") is not None]
+        rows = [
+            r
+            for r in measured
+            if r["world"] == world and r["paths"]["a"].get("call_us") is not None
+        ]
         if len({r["size"] for r in rows}) < 2:
             continue
         small, large = rows[0], rows[-1]
         ratio = large["paths"]["a"]["call_us"] / small["paths"]["a"]["call_us"]
-        growth.append({
-            "goal": f"{world} ranks: path a's call at the largest size <= {growth_limit:g}x the smallest's",
-            "limit": growth_limit,
-            "met": ratio <= growth_limit,
-            "detail": f"{large['size']} {large['paths']['a']['call_us']:.0f} us / {small['size']} "
-                      f"{small['paths']['a']['call_us']:.0f} us = {ratio:.2f}x",
-        })
+        growth.append(
+            {
+                "goal": f"{world} ranks: path a's call at the largest size <= {growth_limit:g}x the smallest's",
+                "limit": growth_limit,
+                "met": ratio <= growth_limit,
+                "detail": f"{large['size']} {large['paths']['a']['call_us']:.0f} us / {small['size']} "
+                f"{small['paths']['a']['call_us']:.0f} us = {ratio:.2f}x",
+            }
+        )
     if not growth:
-        growth.append({
-            "goal": f"per world, path a's call at the largest size <= {growth_limit:g}x the smallest's",
-            "limit": growth_limit,
-            "met": None,
-            "detail": "one size per world measured",
-        })
+        growth.append(
+            {
+                "goal": f"per world, path a's call at the largest size <= {growth_limit:g}x the smallest's",
+                "limit": growth_limit,
+                "met": None,
+                "detail": "one size per world measured",
+            }
+        )
     summary += growth
-    summary.append(at_every("first_step_over_steady", GOALS["first_step_over_steady"],
-                            "first step / steady step", "", ".3f"))
-    summary.append(at_every("peak_rss_over_steady", GOALS["peak_rss_over_steady"],
-                            "peak RSS / steady state's", "", ".3f"))
+    summary.append(
+        at_every(
+            "first_step_over_steady",
+            GOALS["first_step_over_steady"],
+            "first step / steady step",
+            "",
+            ".3f",
+        )
+    )
+    summary.append(
+        at_every(
+            "peak_rss_over_steady",
+            GOALS["peak_rss_over_steady"],
+            "peak RSS / steady state's",
+            "",
+            ".3f",
+        )
+    )
     if any("peak_cuda_over_steady" in r["paths"]["a"] for r in measured):
-        summary.append(at_every("peak_cuda_over_steady", GOALS["peak_cuda_over_steady"],
-                                "peak CUDA memory / steady state's", "", ".3f"))
+        summary.append(
+            at_every(
+                "peak_cuda_over_steady",
+                GOALS["peak_cuda_over_steady"],
+                "peak CUDA memory / steady state's",
+                "",
+                ".3f",
+            )
+        )
     return summary
 
 
@@ -501,19 +635,41 @@ def plot(results: List[dict], title: str, path: pathlib.Path) -> None:
 
     fig, (ratios, times) = plt.subplots(1, 2, figsize=(12, 4.5))
     for world in sorted({r["world"] for r in results}):
-        rows = sorted((r for r in results if r["world"] == world and "error" not in r), key=lambda r: r["parameters"])
+        rows = sorted(
+            (r for r in results if r["world"] == world and "error" not in r),
+            key=lambda r: r["parameters"],
+        )
         params = [r["parameters"] for r in rows]
         measured = [name for name in PATHS if rows and name in rows[0]["paths"]]
         for name, marker in (("b", "o"), ("c", "s"), ("d", "^")):
             if name in measured:
-                ratios.plot(params, [r["paths"][name]["over_a"] for r in rows], marker=marker,
-                            label=f"{name}/a, {world} ranks")
+                ratios.plot(
+                    params,
+                    [r["paths"][name]["over_a"] for r in rows],
+                    marker=marker,
+                    label=f"{name}/a, {world} ranks",
+                )
         for name in measured:
-            times.plot(params, [r["paths"][name]["resume_s"] for r in rows], marker="o", label=f"{name}, {world} ranks")
-    ratios.set(xscale="log", yscale="log", xlabel="parameters", ylabel="time to resume / time with a",
-               title="How much longer than _update_process_group (a)")
-    times.set(xscale="log", yscale="log", xlabel="parameters", ylabel="seconds",
-              title="Time to resume, to the end of the first step")
+            times.plot(
+                params,
+                [r["paths"][name]["resume_s"] for r in rows],
+                marker="o",
+                label=f"{name}, {world} ranks",
+            )
+    ratios.set(
+        xscale="log",
+        yscale="log",
+        xlabel="parameters",
+        ylabel="time to resume / time with a",
+        title="How much longer than _update_process_group (a)",
+    )
+    times.set(
+        xscale="log",
+        yscale="log",
+        xlabel="parameters",
+        ylabel="seconds",
+        title="Time to resume, to the end of the first step",
+    )
     for ax in (ratios, times):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
@@ -523,29 +679,87 @@ def plot(results: List[dict], title: str, path: pathlib.Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4], help="world sizes (default: 2 4)")
-    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["1M", "10M", "100M"],
-                        help="model sizes (default: 1M 10M 100M)")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: inductor)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="where the ranks train (default: cpu)")
-    parser.add_argument("--group-backend", choices=("gloo", "nccl"),
-                        help="the process group's backend (default: gloo on CPU; on CUDA, nccl where each rank "
-                        "has a GPU of its own, else gloo)")
-    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
-                        help="the paths to measure; a always (default: all)")
-    parser.add_argument("--repeats", type=int, default=3, help="changes by each in-process path (default: 3)")
-    parser.add_argument("--restarts", type=int, default=2, help="restarts for path c (default: 2)")
-    parser.add_argument("--warmup", type=int, default=3, help="steps before the steady state is measured")
-    parser.add_argument("--steady-steps", type=int, default=5, help="steps whose median is the steady state")
-    parser.add_argument("--update", action="store_true",
-                        help="add to the JSON file in --out, replacing the configurations measured again, "
-                        "and plot them all (for a long run in parts)")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).parent / "results",
-                        help="where the JSON file and the plot go (default: benchmarks/results)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--worlds",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="world sizes (default: 2 4)",
+    )
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        choices=list(SIZES),
+        default=["1M", "10M", "100M"],
+        help="model sizes (default: 1M 10M 100M)",
+    )
+    parser.add_argument(
+        "--backend",
+        default="inductor",
+        help="torch.compile backend (default: inductor)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the ranks train (default: cpu)",
+    )
+    parser.add_argument(
+        "--group-backend",
+        choices=("gloo", "nccl"),
+        help="the process group's backend (default: gloo on CPU; on CUDA, nccl where each rank "
+        "has a GPU of its own, else gloo)",
+    )
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=PATHS,
+        default=list(PATHS),
+        help="the paths to measure; a always (default: all)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="changes by each in-process path (default: 3)",
+    )
+    parser.add_argument(
+        "--restarts", type=int, default=2, help="restarts for path c (default: 2)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="steps before the steady state is measured",
+    )
+    parser.add_argument(
+        "--steady-steps",
+        type=int,
+        default=5,
+        help="steps whose median is the steady state",
+    )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="add to the JSON file in --out, replacing the configurations measured again, "
+        "and plot them all (for a long run in parts)",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path(__file__).parent / "results",
+        help="where the JSON file and the plot go (default: benchmarks/results)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
-    parser.add_argument("--role", choices=("launcher", "rank", "restarted"), default="launcher", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--role",
+        choices=("launcher", "rank", "restarted"),
+        default="launcher",
+        help=argparse.SUPPRESS,
+    )
     for name in ("--rank", "--world", "--port"):
         parser.add_argument(name, type=int, help=argparse.SUPPRESS)
     for name in ("--size", "--session", "--checkpoint"):
@@ -562,7 +776,9 @@ def main() -> int:
         return 0
 
     if not hasattr(DistributedDataParallel, "_update_process_group"):
-        parser.error(f"torch {torch.__version__} has no DistributedDataParallel._update_process_group")
+        parser.error(
+            f"torch {torch.__version__} has no DistributedDataParallel._update_process_group"
+        )
     if args.repeats < 1 or args.restarts < 1:
         parser.error("--repeats and --restarts must be at least 1")
     if "a" not in args.paths:
@@ -578,7 +794,9 @@ def main() -> int:
         "torch": torch.__version__,
         "backend": args.backend,
         "cpus": os.cpu_count(),
-        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "memory_gib": round(
+            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1
+        ),
         "device": args.device,
         "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
         "results": [],
@@ -590,8 +808,12 @@ def main() -> int:
         # Results written before --device were measured on CPU.
         earlier = {"device": "cpu", "gpu": None, **earlier}
         if {k: earlier.get(k) for k in machine} != {k: report[k] for k in machine}:
-            parser.error(f"{json_path} was measured with another torch, backend or machine; --update cannot add to it")
-        report["results"] = [r for r in earlier["results"] if (r["world"], r["size"]) not in configs]
+            parser.error(
+                f"{json_path} was measured with another torch, backend or machine; --update cannot add to it"
+            )
+        report["results"] = [
+            r for r in earlier["results"] if (r["world"], r["size"]) not in configs
+        ]
     for i, (world, size) in enumerate(configs, 1):
         args.world, args.size = world, size
         print(
@@ -602,7 +824,9 @@ def main() -> int:
         try:
             report["results"].append(measure(args, store))
         except ConfigurationFailed as e:
-            print(f"[benchmark] {world} ranks, {size} parameters: failed: {e}", flush=True)
+            print(
+                f"[benchmark] {world} ranks, {size} parameters: failed: {e}", flush=True
+            )
             report["results"].append({"world": world, "size": size, "error": str(e)})
         # Written after every configuration, so that a long run keeps what it measured.
         report["results"].sort(key=lambda r: (r["world"], list(SIZES).index(r["size"])))

@@ -26,7 +26,8 @@ SITE_PACKAGES_ENV = "STOCK_TORCH_SITE_PACKAGES"
 
 class _OriginalSource(importlib.machinery.SourceFileLoader):
     """Loads the original source of a module under its installed file's name: Dynamo chooses
-    how to trace a function by its file's name, and traces torch's own files as torch."""
+    how to trace a function by its file's name, and traces torch's own files as torch.
+    """
 
     def __init__(self, name: str, installed: str, original: str):
         super().__init__(name, installed)
@@ -53,15 +54,21 @@ class _OriginalFiles(importlib.abc.MetaPathFinder):
         relative = self.originals[name]
         installed = str(self.site_packages / relative)
         original = str(self.site_packages / PACKAGE / "backup" / relative)
-        return importlib.util.spec_from_file_location(name, installed, loader=_OriginalSource(name, installed, original))
+        return importlib.util.spec_from_file_location(
+            name, installed, loader=_OriginalSource(name, installed, original)
+        )
 
 
 def use_stock_files() -> None:
     """Makes this interpreter, started with ``python -S``, import the wheel's own files."""
     if not sys.flags.no_site:
-        raise RuntimeError("stock torch needs python -S: the overlay's .pth file has already run")
+        raise RuntimeError(
+            "stock torch needs python -S: the overlay's .pth file has already run"
+        )
     if SITE_PACKAGES_ENV not in os.environ:
-        raise RuntimeError(f"python -S: set {SITE_PACKAGES_ENV} to the overlay venv's site-packages (command() does)")
+        raise RuntimeError(
+            f"python -S: set {SITE_PACKAGES_ENV} to the overlay venv's site-packages (command() does)"
+        )
     site_packages = pathlib.Path(os.environ[SITE_PACKAGES_ENV])
     sys.path.append(str(site_packages))
     manifest = json.loads((site_packages / PACKAGE / "manifest.json").read_text())
@@ -71,7 +78,9 @@ def use_stock_files() -> None:
             continue
         backup = site_packages / PACKAGE / "backup" / relative
         if hashlib.sha256(backup.read_bytes()).hexdigest() != digests["original"]:
-            raise RuntimeError(f"{backup} is not the wheel's {relative}: install the overlay again")
+            raise RuntimeError(
+                f"{backup} is not the wheel's {relative}: install the overlay again"
+            )
         originals[relative[: -len(".py")].replace("/", ".")] = relative
     sys.meta_path.insert(0, _OriginalFiles(site_packages, originals))
 

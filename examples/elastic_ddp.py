@@ -79,7 +79,9 @@ class TinyTransformer(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.blocks = nn.TransformerEncoder(
-            nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True),
+            nn.TransformerEncoderLayer(
+                dim, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True
+            ),
             num_layers=layers,
         )
         self.head = nn.Linear(dim, vocab)
@@ -165,7 +167,9 @@ def wait_for_gpu(timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not done.query():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the GPU did not finish the step's collectives within {timeout_s:.1f} s")
+            raise RuntimeError(
+                f"the GPU did not finish the step's collectives within {timeout_s:.1f} s"
+            )
         time.sleep(0.001)
 
 
@@ -192,13 +196,17 @@ def nccl_error_handling_off() -> Dict[str, str]:
     return {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}
 
 
-def reconfigure(store, uid: int, members: List[int], uuid: int, timeout_s: float) -> None:
+def reconfigure(
+    store, uid: int, members: List[int], uuid: int, timeout_s: float
+) -> None:
     """Reconfigures the default group in place to ``members``, in that order; the handles go
     through the store. A member that does not publish its handle in time fails the call, as a
     collective with a dead peer does."""
     store.set(f"handle/{uuid}/{uid}", dist._get_reconfigure_handle())
     handles = [store.get(f"handle/{uuid}/{member}").decode() for member in members]
-    dist._reconfigure(uuid=uuid, handles=handles, timeout=datetime.timedelta(seconds=timeout_s)).wait()
+    dist._reconfigure(
+        uuid=uuid, handles=handles, timeout=datetime.timedelta(seconds=timeout_s)
+    ).wait()
 
 
 def wait_for_plan(store, uid: int, generation: int, deadline_s: float) -> Plan:
@@ -206,7 +214,9 @@ def wait_for_plan(store, uid: int, generation: int, deadline_s: float) -> Plan:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         if counter(store, "finished"):
-            raise NotAdmitted(f"training finished before a generation took worker {uid} in")
+            raise NotAdmitted(
+                f"training finished before a generation took worker {uid} in"
+            )
         current = counter(store, "gen/current")
         if current >= generation:
             plan = Plan.load(store_op(store.get, f"gen/{current}/plan"))
@@ -229,7 +239,10 @@ class Heartbeat:
         self.store, self.uid, self.address = store, uid, address
         self.last = time.monotonic()
         self.stopped = threading.Event()
-        self.threads = [threading.Thread(target=self.beat), threading.Thread(target=self.watch)]
+        self.threads = [
+            threading.Thread(target=self.beat),
+            threading.Thread(target=self.watch),
+        ]
         for thread in self.threads:
             thread.start()
 
@@ -237,7 +250,9 @@ class Heartbeat:
         while not self.stopped.is_set():
             try:
                 self.store.set(f"hb/{self.uid}", str(int(time.time() * 1000)))
-                self.store.add(f"beats/{self.uid}", 1)  # set() does not wait for the store's answer; add() does
+                self.store.add(
+                    f"beats/{self.uid}", 1
+                )  # set() does not wait for the store's answer; add() does
             except RuntimeError:
                 return
             self.last = time.monotonic()
@@ -305,11 +320,16 @@ def train(args, store) -> int:
         reconfigure(store, uid, [uid], SOLO_UUID + uid, args.timeout)
     else:
         dist.init_process_group(
-            group_backend(args), store=dist.PrefixStore(f"solo/{uid}", store), rank=0, world_size=1
+            group_backend(args),
+            store=dist.PrefixStore(f"solo/{uid}", store),
+            rank=0,
+            world_size=1,
         )
     store_op(store.add, f"inits/{uid}", 1)
     group = dist.group.WORLD
-    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    ddp = DistributedDataParallel(
+        model, device_ids=[device] if device.type == "cuda" else None
+    )
     compiled = torch.compile(ddp, backend=args.compile_backend)
     optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
@@ -329,7 +349,9 @@ def train(args, store) -> int:
         try:
             if args.reconfigure:
                 reconfigure(store, uid, plan.members, plan.generation, args.timeout)
-                assert dist.group.WORLD is group, "the process group is not the one of the whole run"
+                assert (
+                    dist.group.WORLD is group
+                ), "the process group is not the one of the whole run"
             else:
                 if dist.is_initialized():
                     dist.destroy_process_group()
@@ -341,9 +363,16 @@ def train(args, store) -> int:
                     timeout=datetime.timedelta(seconds=args.timeout),
                 )
                 store_op(store.add, f"inits/{uid}", 1)
-            ddp._update_process_group(dist.group.WORLD, sync_module_states=True, src=src)
+            ddp._update_process_group(
+                dist.group.WORLD, sync_module_states=True, src=src
+            )
             # On the CPU: CUDA tensors would be unpickled onto the sender's GPU.
-            state = [tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, optimizer.state_dict())]
+            state = [
+                tree_map(
+                    lambda x: x.cpu() if isinstance(x, torch.Tensor) else x,
+                    optimizer.state_dict(),
+                )
+            ]
             dist.broadcast_object_list(state, src=src)
             optimizer.load_state_dict(state[0])
             optimizer.zero_grad(set_to_none=True)
@@ -356,7 +385,9 @@ def train(args, store) -> int:
                 inputs, targets = (t.to(device) for t in batch(step, rank))
                 if kill == (step, "backward"):
                     # The embedding's gradient comes last, after the other buckets' allreduces started.
-                    model.embed.weight.register_hook(lambda grad: os.kill(os.getpid(), signal.SIGKILL))
+                    model.embed.weight.register_hook(
+                        lambda grad: os.kill(os.getpid(), signal.SIGKILL)
+                    )
                 if kill == (step, "forward"):
                     os.kill(os.getpid(), signal.SIGKILL)
                 loss = loss_fn(compiled(inputs).flatten(0, 1), targets.flatten())
@@ -374,11 +405,16 @@ def train(args, store) -> int:
                 dist.all_gather_object(digests, digest(model))
                 if len(set(digests)) != 1:
                     store_op(store.add, f"diverged/{uid}", 1)
-                    print(f"[worker {uid}] error: parameters differ at step {step}: {digests}", flush=True)
+                    print(
+                        f"[worker {uid}] error: parameters differ at step {step}: {digests}",
+                        flush=True,
+                    )
                     return 1
                 if compiled_graphs() != graphs:
                     store_op(store.add, f"recompiles/{uid}", compiled_graphs() - graphs)
-                    print(f"[worker {uid}] error: recompiled at step {step}", flush=True)
+                    print(
+                        f"[worker {uid}] error: recompiled at step {step}", flush=True
+                    )
                     return 1
                 if rank == 0:
                     print(
@@ -392,15 +428,23 @@ def train(args, store) -> int:
                 # can run after a peer has closed its connections.
                 dist.destroy_process_group()
                 return 0
-        except RuntimeError as e:  # a collective failed: Gloo's error, the group's timeout, or wait_for_gpu()
+        except RuntimeError as e:
+            # A collective failed: Gloo's error, the group's timeout, or wait_for_gpu().
             if "reconfigured in place" in str(e):
                 raise  # DDP's refusal: this loop forgot _update_process_group, a bug, not a fault
-            print(f"[worker {uid}] a collective of step {step} failed: {str(e).splitlines()[0][:120]}", flush=True)
+            print(
+                f"[worker {uid}] a collective of step {step} failed: {str(e).splitlines()[0][:120]}",
+                flush=True,
+            )
             if args.backend == "nccl" and dist.is_initialized():
                 try:
                     abort_nccl(dist.group.WORLD)
-                except Exception as abort_error:  # the next generation's group is new anyway
-                    print(f"[worker {uid}] aborting the old group failed: {abort_error}", flush=True)
+                except Exception as abort_error:
+                    # The next generation's group is new anyway.
+                    print(
+                        f"[worker {uid}] aborting the old group failed: {abort_error}",
+                        flush=True,
+                    )
             store_op(store.add, f"gen/{plan.generation}/failures", 1)
         generation = plan.generation + 1
 
@@ -409,7 +453,10 @@ def worker_main(args) -> int:
     try:
         return worker(args)
     except StoreGone as e:
-        print(f"[worker {args.uid}] error: the store at {args.host}:{args.port} is gone ({e}); exiting", flush=True)
+        print(
+            f"[worker {args.uid}] error: the store at {args.host}:{args.port} is gone ({e}); exiting",
+            flush=True,
+        )
         return EXIT_STORE_GONE
     except NotAdmitted as e:
         print(f"[worker {args.uid}] error: cannot rejoin: {e}; exiting", flush=True)
@@ -490,11 +537,21 @@ class Launcher:
         self.killed = {int(spec.split(":")[0]) for spec in args.kill}
         self.faults = 0
         self.steps_lost = 0
-        self.cut: set = set()  # hosts cut off, whose workers exit when they lose the store
+        self.cut: set = (
+            set()
+        )  # hosts cut off, whose workers exit when they lose the store
 
     def start_worker(self) -> int:
         uid, self.next_uid = self.next_uid, self.next_uid + 1
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", str(uid), "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            __file__,
+            *sys.argv[1:],
+            "--worker",
+            str(uid),
+            "--port",
+            str(self.port),
+        ]
         cmd += ["--host", self.args.host]
         env = dict(os.environ)
         if self.args.backend == "nccl":
@@ -502,7 +559,9 @@ class Launcher:
             held = {self.gpus[u] for u, p in self.procs.items() if p.poll() is None}
             free = [g for g in range(torch.cuda.device_count()) if g not in held]
             if not free:
-                raise SystemExit(f"[launcher] error: worker {uid} needs a GPU of its own, and live workers hold all {len(held)}")
+                raise SystemExit(
+                    f"[launcher] error: worker {uid} needs a GPU of its own, and live workers hold all {len(held)}"
+                )
             self.gpus[uid] = free[0]
             cmd += ["--gpu", str(free[0])]
             env = {**nccl_error_handling_off(), **env}  # the user's settings win
@@ -523,11 +582,15 @@ class Launcher:
         return self.progress() >= self.args.steps - 1
 
     def alive(self, uid: int) -> bool:
-        return time.time() * 1000 - counter(self.store, f"hb/{uid}") < 4000 * HEARTBEAT_S
+        return (
+            time.time() * 1000 - counter(self.store, f"hb/{uid}") < 4000 * HEARTBEAT_S
+        )
 
     def joiners(self) -> List[int]:
         count = counter(self.store, "join/n")
-        found = [int(self.store.get(f"join/{i}")) for i in range(self.joined + 1, count + 1)]
+        found = [
+            int(self.store.get(f"join/{i}")) for i in range(self.joined + 1, count + 1)
+        ]
         self.joined = count
         return found
 
@@ -537,7 +600,9 @@ class Launcher:
         step = completed[src] + 1
         if self.generation:
             # Every step that a member of the last generation completed is kept.
-            self.steps_lost += max(0, max(self.done(u) for u in self.members) + 1 - step)
+            self.steps_lost += max(
+                0, max(self.done(u) for u in self.members) + 1 - step
+            )
             self.faults += reason.startswith("lost")
         self.generation += 1
         plan = Plan(self.generation, members, src, step)
@@ -557,16 +622,26 @@ class Launcher:
         while len(first) < args.workers:
             first += self.joiners()
             if time.monotonic() > deadline:
-                print("[launcher] error: the workers did not register in time", flush=True)
+                print(
+                    "[launcher] error: the workers did not register in time", flush=True
+                )
                 return 1
             time.sleep(0.1)
         self.publish(sorted(first), "start")
         # Rejoins to start (at a step), and chaos kills to make (at a step, after a delay).
         rejoins = [args.rejoin] if args.rejoin is not None else []
         rng = random.Random(args.seed)
-        kills = sorted(rng.sample(range(2, max(3, args.steps - 6)), k=min(args.chaos, max(1, args.steps - 8))))
+        kills = sorted(
+            rng.sample(
+                range(2, max(3, args.steps - 6)),
+                k=min(args.chaos, max(1, args.steps - 8)),
+            )
+        )
         kills = [(step, rng.uniform(0.0, 0.5)) for step in kills[: args.chaos]]
-        cuts = sorted((tuple(int(x) for x in spec.split(":")) for spec in args.cut), key=lambda c: c[1])
+        cuts = sorted(
+            (tuple(int(x) for x in spec.split(":")) for spec in args.cut),
+            key=lambda c: c[1],
+        )
         while any(p.poll() is None for p in self.procs.values()):
             time.sleep(0.2)
             gen = self.generation
@@ -577,13 +652,18 @@ class Launcher:
                 deadline = time.monotonic() + 2 * args.timeout + 4 * HEARTBEAT_S
                 time.sleep(4 * HEARTBEAT_S)
                 survivors = [u for u in self.members if self.alive(u)]
-                while self.failures(gen) < len(survivors) and time.monotonic() < deadline:
+                while (
+                    self.failures(gen) < len(survivors) and time.monotonic() < deadline
+                ):
                     time.sleep(0.1)
                     survivors = [u for u in self.members if self.alive(u)]
                 lost = [u for u in self.members if u not in survivors]
                 joining = self.joiners()
                 if not survivors and not joining:
-                    print(f"[launcher] error: no worker of generation {gen} survived", flush=True)
+                    print(
+                        f"[launcher] error: no worker of generation {gen} survived",
+                        flush=True,
+                    )
                     return 1
                 self.publish(survivors + joining, f"lost {lost}")
                 continue
@@ -601,7 +681,10 @@ class Launcher:
                 assert self.hosts is not None
                 self.hosts.cut(uid)
                 self.cut.add(uid)
-                print(f"[launcher] cut host {uid} off the network after step {progress}", flush=True)
+                print(
+                    f"[launcher] cut host {uid} off the network after step {progress}",
+                    flush=True,
+                )
             if kills and progress >= kills[0][0] and len(self.members) > 1:
                 # A SIGKILL from outside, at whatever point the victim is.
                 step, delay = kills.pop(0)
@@ -609,7 +692,10 @@ class Launcher:
                 victim = rng.choice(self.members)
                 os.kill(self.procs[victim].pid, signal.SIGKILL)
                 self.killed.add(victim)
-                print(f"[launcher] chaos: SIGKILL worker {victim} after step {progress}", flush=True)
+                print(
+                    f"[launcher] chaos: SIGKILL worker {victim} after step {progress}",
+                    flush=True,
+                )
                 rejoins.append(progress + rng.randint(2, 4))
             if counter(self.store, "join/n") > self.joined:
                 # A new worker registered, compiled: the members stop at a step boundary
@@ -628,7 +714,9 @@ class Launcher:
         diverged = sum(counter(self.store, f"diverged/{u}") for u in self.procs)
         print("[launcher] " + "\n[launcher] ".join(self.summary), flush=True)
         inits = {u: counter(self.store, f"inits/{u}") for u in self.procs}
-        print(f"[launcher] process groups initialized by each worker: {inits}", flush=True)
+        print(
+            f"[launcher] process groups initialized by each worker: {inits}", flush=True
+        )
         print(
             f"[launcher] faults survived {self.faults}, steps lost {self.steps_lost}, recompiles "
             f"{recompiles}, parameter divergences {diverged}; last step completed {final} of "
@@ -636,7 +724,12 @@ class Launcher:
             flush=True,
         )
         # A worker that was never a member when training finished was not admitted: exit 3.
-        ever = set().union(*(set(Plan.load(self.store.get(f"gen/{g}/plan")).members) for g in range(1, self.generation + 1)))
+        ever = set().union(
+            *(
+                set(Plan.load(self.store.get(f"gen/{g}/plan")).members)
+                for g in range(1, self.generation + 1)
+            )
+        )
         ok = (
             final == args.steps - 1
             and self.steps_lost == recompiles == diverged == 0
@@ -651,7 +744,10 @@ class Launcher:
 
     def stop_store(self) -> int:
         """Shuts the store down under the workers, who must exit with a clear error."""
-        print(f"[launcher] shutting the store down after step {self.done(self.members[0])}", flush=True)
+        print(
+            f"[launcher] shutting the store down after step {self.done(self.members[0])}",
+            flush=True,
+        )
         del self.store
         codes = {u: p.wait() for u, p in self.procs.items()}
         print(f"[launcher] exit codes {codes}", flush=True)
@@ -662,43 +758,99 @@ class Launcher:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--kill", action="append", default=[], metavar="UID:STEP:PHASE",
-                        help="worker UID SIGKILLs itself at STEP: as its forward pass starts, in its backward "
-                        "pass, or before its optimizer step (PHASE forward, backward or optimizer)")
-    parser.add_argument("--rejoin", type=int, metavar="STEP", help="start a new worker once STEP is completed")
-    parser.add_argument("--chaos", type=int, default=0, metavar="N",
-                        help="the launcher SIGKILLs N random members at random times, and starts a new worker "
-                        "a few steps after each")
+    parser.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="UID:STEP:PHASE",
+        help="worker UID SIGKILLs itself at STEP: as its forward pass starts, in its backward "
+        "pass, or before its optimizer step (PHASE forward, backward or optimizer)",
+    )
+    parser.add_argument(
+        "--rejoin",
+        type=int,
+        metavar="STEP",
+        help="start a new worker once STEP is completed",
+    )
+    parser.add_argument(
+        "--chaos",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the launcher SIGKILLs N random members at random times, and starts a new worker "
+        "a few steps after each",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of --chaos")
-    parser.add_argument("--step-time", type=float, default=0.2,
-                        help="seconds each step takes on top of its compute, so that new workers, which "
-                        "start and compile meanwhile, find training still going (default: 0.2)")
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
-                        help="what DDP reduces over: gloo on CPU, or nccl with a GPU for each worker "
-                        "(default: gloo)")
-    parser.add_argument("--reconfigure", action="store_true",
-                        help="keep one process group for the whole run, and reconfigure it in place for "
-                        "each generation (Gloo; torch 2.14 or later)")
-    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default: inductor)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="the process groups' timeout, seconds")
-    parser.add_argument("--join-timeout", type=float, default=300.0, help="how long a worker waits to be admitted")
-    parser.add_argument("--stop-store-at", type=int, metavar="STEP",
-                        help="shut the store down once STEP is completed; every worker must then exit with "
-                        f"code {EXIT_STORE_GONE}")
-    parser.add_argument("--netns", action="store_true",
-                        help="run every worker on a host of its own: a network namespace on a veth bridge "
-                        "(needs root and iproute2)")
-    parser.add_argument("--cut", action="append", default=[], metavar="UID:STEP",
-                        help="with --netns, cut worker UID's host off the network after STEP")
+    parser.add_argument(
+        "--step-time",
+        type=float,
+        default=0.2,
+        help="seconds each step takes on top of its compute, so that new workers, which "
+        "start and compile meanwhile, find training still going (default: 0.2)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default="gloo",
+        help="what DDP reduces over: gloo on CPU, or nccl with a GPU for each worker "
+        "(default: gloo)",
+    )
+    parser.add_argument(
+        "--reconfigure",
+        action="store_true",
+        help="keep one process group for the whole run, and reconfigure it in place for "
+        "each generation (Gloo; torch 2.14 or later)",
+    )
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend (default: inductor)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="the process groups' timeout, seconds",
+    )
+    parser.add_argument(
+        "--join-timeout",
+        type=float,
+        default=300.0,
+        help="how long a worker waits to be admitted",
+    )
+    parser.add_argument(
+        "--stop-store-at",
+        type=int,
+        metavar="STEP",
+        help="shut the store down once STEP is completed; every worker must then exit with "
+        f"code {EXIT_STORE_GONE}",
+    )
+    parser.add_argument(
+        "--netns",
+        action="store_true",
+        help="run every worker on a host of its own: a network namespace on a veth bridge "
+        "(needs root and iproute2)",
+    )
+    parser.add_argument(
+        "--cut",
+        action="append",
+        default=[],
+        metavar="UID:STEP",
+        help="with --netns, cut worker UID's host off the network after STEP",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--worker", dest="uid", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--gpu", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.reconfigure and (args.backend != "gloo" or not hasattr(dist, "_reconfigure")):
+    if args.reconfigure and (
+        args.backend != "gloo" or not hasattr(dist, "_reconfigure")
+    ):
         parser.error(
             f"--reconfigure needs --backend gloo and a torch with torch.distributed._reconfigure "
             f"(2.14 or later); this is --backend {args.backend} on torch {torch.__version__}"
@@ -710,8 +862,14 @@ def main() -> int:
         )
     for spec in args.kill:
         parts = spec.split(":")
-        if len(parts) != 3 or parts[2] not in PHASES or not all(p.isdigit() for p in parts[:2]):
-            parser.error(f"--kill {spec!r}: expected UID:STEP:PHASE with PHASE one of {', '.join(PHASES)}")
+        if (
+            len(parts) != 3
+            or parts[2] not in PHASES
+            or not all(p.isdigit() for p in parts[:2])
+        ):
+            parser.error(
+                f"--kill {spec!r}: expected UID:STEP:PHASE with PHASE one of {', '.join(PHASES)}"
+            )
     for spec in args.cut:
         if not args.netns or not re.fullmatch(r"\d+:\d+", spec):
             parser.error(f"--cut {spec!r}: expected UID:STEP, with --netns")

@@ -62,7 +62,10 @@ class Model(nn.Module):
 
 def worker(rank, store_path, backend, steps):
     dist.init_process_group(
-        "gloo", store=dist.FileStore(store_path, WORLD_SIZE), rank=rank, world_size=WORLD_SIZE
+        "gloo",
+        store=dist.FileStore(store_path, WORLD_SIZE),
+        rank=rank,
+        world_size=WORLD_SIZE,
     )
     torch.manual_seed(0)
     module = Model()
@@ -91,7 +94,10 @@ def worker(rank, store_path, backend, steps):
             want = expected_grads(module, members, step)
             ddp.zero_grad(set_to_none=True)
             loss_fn(model(batch(rank, step))).backward()
-            ok = all(torch.allclose(p.grad, w, atol=1e-6) for p, w in zip(module.parameters(), want))
+            ok = all(
+                torch.allclose(p.grad, w, atol=1e-6)
+                for p, w in zip(module.parameters(), want)
+            )
             flag = torch.tensor([int(ok)])
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=ddp.process_group)
             checked += int(flag.item())
@@ -102,7 +108,10 @@ def worker(rank, store_path, backend, steps):
         if warm is None:
             warm = counter.frame_count
             if warm == 0:
-                print("torch.compile compiled nothing: no recompilation would mean nothing", flush=True)
+                print(
+                    "torch.compile compiled nothing: no recompilation would mean nothing",
+                    flush=True,
+                )
                 sys.exit(1)
         if rank == members[0]:
             print(
@@ -117,18 +126,35 @@ def worker(rank, store_path, backend, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: inductor)")
-    parser.add_argument("--steps", type=int, default=3, help="steps per phase (default: 3)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--backend",
+        default="inductor",
+        help="torch.compile backend (default: inductor)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=3, help="steps per phase (default: 3)"
+    )
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {WORLD_SIZE} Gloo ranks, torch.compile backend {args.backend!r}", flush=True)
+    print(
+        f"torch {torch.__version__}, {WORLD_SIZE} Gloo ranks, torch.compile backend {args.backend!r}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            mp.spawn(worker, args=(os.path.join(tmp, "store"), args.backend, args.steps), nprocs=WORLD_SIZE)
+            mp.spawn(
+                worker,
+                args=(os.path.join(tmp, "store"), args.backend, args.steps),
+                nprocs=WORLD_SIZE,
+            )
         except mp.ProcessExitedException as e:
             print(f"demo failed: {e}", file=sys.stderr)
             return 1
-    print("ok: the group changed three times with no recompilation and correct gradients")
+    print(
+        "ok: the group changed three times with no recompilation and correct gradients"
+    )
     return 0
 
 

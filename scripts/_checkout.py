@@ -17,7 +17,12 @@ import _common
 from torch_overlay import bases
 
 # Files whose presence makes a directory a PyTorch source tree.
-MARKERS = ("setup.py", "version.txt", "torch/nn/parallel/distributed.py", "torch/csrc/distributed/c10d/reducer.cpp")
+MARKERS = (
+    "setup.py",
+    "version.txt",
+    "torch/nn/parallel/distributed.py",
+    "torch/csrc/distributed/c10d/reducer.cpp",
+)
 DDP = "torch/nn/parallel/distributed.py"
 # What `git am` says about going on, skipping or aborting, and how to silence that
 # advice: scripts/apply has aborted by the time it reports.
@@ -38,7 +43,9 @@ def patch_files(base: bases.Base) -> List[pathlib.Path]:
     directory = base.patches(_common.REPO)
     patches = sorted(directory.glob("*.patch"))
     if not patches:
-        raise CheckoutError(f"no patches in {directory}: the {base.name} series is not there")
+        raise CheckoutError(
+            f"no patches in {directory}: the {base.name} series is not there"
+        )
     return patches
 
 
@@ -73,9 +80,14 @@ def tree_state(base: bases.Base, version: str, ddp_source: str) -> str:
     return "base"
 
 
-def git(tree: pathlib.Path, *args: str, env: Optional[dict] = None, check: bool = True) -> subprocess.CompletedProcess:
+def git(
+    tree: pathlib.Path, *args: str, env: Optional[dict] = None, check: bool = True
+) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        ["git", "-C", str(tree), *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+        ["git", "-C", str(tree), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     if check and result.returncode != 0:
         raise CheckoutError(f"git {' '.join(args)} failed: {result.stderr.strip()}")
@@ -102,12 +114,18 @@ def parse_rejection(patch: str, output: str) -> Rejection:
     """Name the file and hunk from ``git apply`` or ``git am`` output."""
     match = re.search(r"patch failed: (?P<file>\S+):(?P<line>\d+)", output)
     if match:
-        return Rejection(patch, match.group("file"), match.group("line"), output.strip())
-    match = re.search(r"Merge conflict in (?P<file>\S+)", output) or re.search(r"error: (?P<file>\S+): ", output)
+        return Rejection(
+            patch, match.group("file"), match.group("line"), output.strip()
+        )
+    match = re.search(r"Merge conflict in (?P<file>\S+)", output) or re.search(
+        r"error: (?P<file>\S+): ", output
+    )
     return Rejection(patch, match.group("file") if match else "", "", output.strip())
 
 
-def first_rejected_hunk(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
+def first_rejected_hunk(
+    tree: pathlib.Path, patches: List[pathlib.Path]
+) -> Optional[Rejection]:
     """Apply the series to HEAD in a throwaway index, without merging: the first hunk that fails."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
@@ -133,7 +151,9 @@ class Checkout:
         top = pathlib.Path(git(path, "rev-parse", "--show-toplevel").stdout.strip())
         missing = [m for m in MARKERS if not (top / m).is_file()]
         if missing:
-            raise CheckoutError(f"{top} is not a PyTorch source tree: it has no {', '.join(missing)}")
+            raise CheckoutError(
+                f"{top} is not a PyTorch source tree: it has no {', '.join(missing)}"
+            )
         return cls(top)
 
     @property
@@ -142,12 +162,16 @@ class Checkout:
 
     def branch(self) -> Optional[str]:
         """The checked-out branch; None on a detached HEAD."""
-        result = git(self.path, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
+        result = git(
+            self.path, "symbolic-ref", "--quiet", "--short", "HEAD", check=False
+        )
         return result.stdout.strip() if result.returncode == 0 else None
 
     def uncommitted_changes(self) -> str:
         """``git status --porcelain`` of the tracked files: empty when there are none."""
-        return git(self.path, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return git(
+            self.path, "status", "--porcelain", "--untracked-files=no"
+        ).stdout.strip()
 
     def require_clean(self) -> None:
         dirty = self.uncommitted_changes()
@@ -165,7 +189,9 @@ class Checkout:
         created = re.findall(r"^ create mode \d+ (.+)$", summary, flags=re.MULTILINE)
         if not created:
             return []
-        return git(self.path, "ls-files", "--others", "--exclude-standard", "--", *created).stdout.split()
+        return git(
+            self.path, "ls-files", "--others", "--exclude-standard", "--", *created
+        ).stdout.split()
 
     def is_applied(self, patches: List[pathlib.Path]) -> bool:
         """Whether HEAD already has the series: it reverse-applies, tried in a throwaway index."""
@@ -173,23 +199,53 @@ class Checkout:
             env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
             git(self.path, "read-tree", "HEAD", env=env)
             for patch in reversed(patches):
-                if git(self.path, "apply", "--cached", "--reverse", str(patch), env=env, check=False).returncode:
+                if git(
+                    self.path,
+                    "apply",
+                    "--cached",
+                    "--reverse",
+                    str(patch),
+                    env=env,
+                    check=False,
+                ).returncode:
                     return False
         return True
 
     def applied_prefix(self, patches: List[pathlib.Path]) -> int:
         """How many of the series' first patches HEAD holds: the longest run from the first that reverse-applies."""
-        return next((count for count in range(len(patches), 0, -1) if self.is_applied(patches[:count])), 0)
+        return next(
+            (
+                count
+                for count in range(len(patches), 0, -1)
+                if self.is_applied(patches[:count])
+            ),
+            0,
+        )
 
     def try_apply(self, patches: List[pathlib.Path]) -> Optional[Rejection]:
         """Apply the series to HEAD exactly as scripts/apply does, in a throwaway worktree."""
         with tempfile.TemporaryDirectory() as tmp:
             worktree = pathlib.Path(tmp) / "worktree"
-            git(self.path, "worktree", "add", "--detach", "--quiet", str(worktree), "HEAD")
+            git(
+                self.path,
+                "worktree",
+                "add",
+                "--detach",
+                "--quiet",
+                str(worktree),
+                "HEAD",
+            )
             try:
                 return am(worktree, patches)
             finally:
-                git(self.path, "worktree", "remove", "--force", str(worktree), check=False)
+                git(
+                    self.path,
+                    "worktree",
+                    "remove",
+                    "--force",
+                    str(worktree),
+                    check=False,
+                )
 
     def state(self, base: bases.Base, patches: List[pathlib.Path]) -> str:
         """ "applied" (``base``'s series is at HEAD), "partly applied" (its first patches are, as
@@ -219,12 +275,21 @@ def am(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
 
     On failure, aborts so that ``tree`` is as it was, and returns where it stopped.
     """
-    result = git(tree, "am", "--3way", "--keep-non-patch", *map(str, patches), check=False)
+    result = git(
+        tree, "am", "--3way", "--keep-non-patch", *map(str, patches), check=False
+    )
     if result.returncode == 0:
         return None
-    output = "".join(line for line in (result.stdout + result.stderr).splitlines(True) if not AM_HINTS.search(line))
+    output = "".join(
+        line
+        for line in (result.stdout + result.stderr).splitlines(True)
+        if not AM_HINTS.search(line)
+    )
     number = re.search(r"Patch failed at (\d+)", output)
-    failed = next((p.name for p in patches if number and p.name.startswith(number.group(1))), "the series")
+    failed = next(
+        (p.name for p in patches if number and p.name.startswith(number.group(1))),
+        "the series",
+    )
     git(tree, "am", "--abort", check=False)
     rejection = parse_rejection(failed, output)
     # A three-way merge names only the file; the plain apply names the hunk.
@@ -238,7 +303,9 @@ def am(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
 # now (GIT_AUTHOR_NAME and GIT_AUTHOR_EMAIL, then author.* and user.* config, as git's
 # own rules say) at the current time; the message stays byte for byte, and no hook
 # runs again on a change that only moves authorship.
-RESET_AUTHOR = "git commit --amend --no-edit --no-verify --cleanup=verbatim --reset-author --quiet"
+RESET_AUTHOR = (
+    "git commit --amend --no-edit --no-verify --cleanup=verbatim --reset-author --quiet"
+)
 
 
 def reset_author(tree: pathlib.Path, base: str) -> None:
@@ -250,4 +317,6 @@ def reset_author(tree: pathlib.Path, base: str) -> None:
     if result.returncode != 0:
         git(tree, "rebase", "--abort", check=False)
         output = (result.stdout + result.stderr).strip()
-        raise CheckoutError(f"could not make the applied commits yours ({RESET_AUTHOR}):\n{output}")
+        raise CheckoutError(
+            f"could not make the applied commits yours ({RESET_AUTHOR}):\n{output}"
+        )

@@ -25,16 +25,26 @@ def progress(message: str) -> None:
 
 
 def die(message: str, code: int = 2) -> NoReturn:
-    print(f"{pathlib.Path(sys.argv[0]).name}: error: {message}", file=sys.stderr, flush=True)
+    print(
+        f"{pathlib.Path(sys.argv[0]).name}: error: {message}",
+        file=sys.stderr,
+        flush=True,
+    )
     sys.exit(code)
 
 
 def print_warning(message: str) -> None:
     """What die() says, as a warning that does not stop the script."""
-    print(f"{pathlib.Path(sys.argv[0]).name}: warning: {message}", file=sys.stderr, flush=True)
+    print(
+        f"{pathlib.Path(sys.argv[0]).name}: warning: {message}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
-def add_base_argument(parser, default: str = bases.DEFAULT, help: str = "the release whose series to use") -> None:
+def add_base_argument(
+    parser, default: str = bases.DEFAULT, help: str = "the release whose series to use"
+) -> None:
     parser.add_argument(
         "--base",
         type=base_type,
@@ -83,7 +93,9 @@ def venv_python(venv: pathlib.Path) -> pathlib.Path:
 def venv_env(extra: Optional[dict] = None, *, venv: pathlib.Path) -> dict:
     """The environment for running the venv's tools on this repository's code."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO), env.get("PYTHONPATH")])
+    )
     env["PATH"] = os.pathsep.join(filter(None, [str(venv / "bin"), env.get("PATH")]))
     env.update(extra or {})
     return env
@@ -104,7 +116,11 @@ def installed_torch_version(python: pathlib.Path) -> Optional[str]:
 
 
 def requirements(base: bases.Base) -> List[str]:
-    lines = (line.split("#")[0].strip() for f in REQUIREMENTS for line in f.read_text().splitlines())
+    lines = (
+        line.split("#")[0].strip()
+        for f in REQUIREMENTS
+        for line in f.read_text().splitlines()
+    )
     return list(base.requirements) + [line for line in lines if line]
 
 
@@ -129,23 +145,42 @@ def ensure_venv(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
     if version is not None and stamp_file.is_file() and stamp_file.read_text() == stamp:
         return python
     if version is None:
-        progress(f"installing torch {base.torch} (with its CUDA packages, about 5 GB for 2.1.2) and the test tools")
+        progress(
+            f"installing torch {base.torch} (with its CUDA packages, about 5 GB for 2.1.2) and the test tools"
+        )
     else:
         progress(f"installing the test tools next to torch {version}")
-    if run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *wanted]).returncode != 0:
+    if (
+        run(
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "-q",
+                *wanted,
+            ]
+        ).returncode
+        != 0
+    ):
         die(f"pip could not install {' '.join(wanted)} into {venv}")
     stamp_file.write_text(stamp)
     return python
 
 
-def overlay_command(python: pathlib.Path, action: str, base: bases.Base, repo: pathlib.Path = REPO) -> List[object]:
+def overlay_command(
+    python: pathlib.Path, action: str, base: bases.Base, repo: pathlib.Path = REPO
+) -> List[object]:
     """``python -m torch_overlay ACTION`` for ``base``'s series in ``repo``."""
     return [python, "-m", "torch_overlay", action, "--repo", repo, "--base", base.name]
 
 
 def overlay(python: pathlib.Path, action: str, base: bases.Base) -> int:
     """Run ``python -m torch_overlay ACTION`` for this repository and ``base`` inside the venv."""
-    return run(overlay_command(python, action, base), env=venv_env(venv=python.parent.parent)).returncode
+    return run(
+        overlay_command(python, action, base), env=venv_env(venv=python.parent.parent)
+    ).returncode
 
 
 def ensure_overlay(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:

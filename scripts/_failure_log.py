@@ -12,7 +12,11 @@ import json
 
 
 def pytest_addoption(parser):
-    parser.addoption("--failure-log", metavar="PATH", help="append each failure and rerun, with its cause, to PATH")
+    parser.addoption(
+        "--failure-log",
+        metavar="PATH",
+        help="append each failure and rerun, with its cause, to PATH",
+    )
 
 
 def pytest_configure(config):
@@ -22,7 +26,9 @@ def pytest_configure(config):
 
 
 def last_line(message: str) -> str:
-    return next((line.strip() for line in reversed(message.splitlines()) if line.strip()), "")
+    return next(
+        (line.strip() for line in reversed(message.splitlines()) if line.strip()), ""
+    )
 
 
 class FailureLog:
@@ -35,4 +41,9 @@ class FailureLog:
         crash = getattr(report.longrepr, "reprcrash", None)
         cause = last_line(crash.message if crash else str(report.longrepr))
         with open(self.path, "a") as f:
-            f.write(json.dumps({"test": report.nodeid, "outcome": report.outcome, "cause": cause}) + "\n")
+            f.write(
+                json.dumps(
+                    {"test": report.nodeid, "outcome": report.outcome, "cause": cause}
+                )
+                + "\n"
+            )

@@ -35,13 +35,22 @@ def test_hunks(patch: pathlib.Path) -> str:
     return parts[0] + "".join(kept)
 
 
-def write_series(repo: pathlib.Path, base: bases.Base, series: Sequence[pathlib.Path], last_tests_only: bool) -> None:
+def write_series(
+    repo: pathlib.Path,
+    base: bases.Base,
+    series: Sequence[pathlib.Path],
+    last_tests_only: bool,
+) -> None:
     """Make ``repo``'s patches/BASE/ hold ``series``, the last of them cut to its test hunks if asked."""
     target = base.patches(repo)
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     for i, patch in enumerate(series):
-        text = test_hunks(patch) if last_tests_only and i == len(series) - 1 else patch.read_text()
+        text = (
+            test_hunks(patch)
+            if last_tests_only and i == len(series) - 1
+            else patch.read_text()
+        )
         (target / patch.name).write_text(text)
 
 
@@ -49,5 +58,9 @@ def write_test_file(series: Sequence[pathlib.Path], tree: pathlib.Path) -> pathl
     """Apply the test/distributed hunks of ``series`` in ``tree``; returns the test file they build."""
     tree.mkdir(parents=True, exist_ok=True)
     for patch in series:
-        subprocess.run(["git", "apply", "--include=test/distributed/*", str(patch)], cwd=tree, check=True)
+        subprocess.run(
+            ["git", "apply", "--include=test/distributed/*", str(patch)],
+            cwd=tree,
+            check=True,
+        )
     return tree / bases.TEST_FILE

@@ -26,8 +26,19 @@ _FILE_DIFF = re.compile(r"^diff --git a/(?P<path>\S+) b/", re.M)
 WHOLE_FUNCTIONS = ("/reducer.cpp", "/logger.cpp")
 
 
-def format_patch(tree: pathlib.Path, base_ref: str, out: pathlib.Path, *extra: str) -> List[pathlib.Path]:
-    cmd = ["git", "-C", str(tree), "format-patch", "--quiet", "--zero-commit", "--no-signature", *extra]
+def format_patch(
+    tree: pathlib.Path, base_ref: str, out: pathlib.Path, *extra: str
+) -> List[pathlib.Path]:
+    cmd = [
+        "git",
+        "-C",
+        str(tree),
+        "format-patch",
+        "--quiet",
+        "--zero-commit",
+        "--no-signature",
+        *extra,
+    ]
     subprocess.run(cmd + ["-o", str(out), f"{base_ref}..HEAD"], check=True)
     return sorted(out.glob("*.patch"))
 
@@ -42,7 +53,9 @@ def splice(plain: str, whole: str) -> str:
     """``plain`` with the diffs of the files in WHOLE_FUNCTIONS taken from ``whole``."""
     plain_parts, whole_parts = split(plain), split(whole)
     if len(plain_parts) != len(whole_parts):
-        raise SystemExit("format_series: the two format-patch runs disagree on the files a patch changes")
+        raise SystemExit(
+            "format_series: the two format-patch runs disagree on the files a patch changes"
+        )
     parts = [plain_parts[0]]
     for mine, theirs in zip(plain_parts[1:], whole_parts[1:]):
         match = _FILE_DIFF.match(mine)
@@ -52,10 +65,18 @@ def splice(plain: str, whole: str) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("tree", type=pathlib.Path, help="the checkout whose HEAD ends the series")
-    parser.add_argument("base_ref", help="the commit the series starts from (the release tag)")
-    parser.add_argument("out", type=pathlib.Path, help="where to write the patches (emptied first)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "tree", type=pathlib.Path, help="the checkout whose HEAD ends the series"
+    )
+    parser.add_argument(
+        "base_ref", help="the commit the series starts from (the release tag)"
+    )
+    parser.add_argument(
+        "out", type=pathlib.Path, help="where to write the patches (emptied first)"
+    )
     parser.add_argument(
         "--function-context",
         action="store_true",
@@ -68,12 +89,19 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         plain = format_patch(args.tree, args.base_ref, pathlib.Path(tmp) / "plain")
         whole = (
-            format_patch(args.tree, args.base_ref, pathlib.Path(tmp) / "whole", "--function-context")
+            format_patch(
+                args.tree,
+                args.base_ref,
+                pathlib.Path(tmp) / "whole",
+                "--function-context",
+            )
             if args.function_context
             else plain
         )
         for mine, theirs in zip(plain, whole):
-            (args.out / mine.name).write_text(splice(mine.read_text(), theirs.read_text()))
+            (args.out / mine.name).write_text(
+                splice(mine.read_text(), theirs.read_text())
+            )
     print(f"wrote {len(plain)} patches to {args.out}")
     return 0
 

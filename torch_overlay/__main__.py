@@ -9,9 +9,13 @@ from torch_overlay.series import SeriesError
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m torch_overlay", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_overlay", description=__doc__
+    )
     parser.add_argument("action", choices=("install", "status", "uninstall"))
-    parser.add_argument("--repo", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[1])
+    parser.add_argument(
+        "--repo", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parents[1]
+    )
     parser.add_argument("--base", choices=tuple(bases.BASES), default=bases.DEFAULT)
     parser.add_argument(
         "--fixes-only",

@@ -105,7 +105,10 @@ class Base:
             raise UnsupportedTorch(f"the {self.name} series marks no patches as fixes")
         if parse(version) in [self.release] + [parse(v) for v in self.fixes_also_on]:
             return
-        releases = ", ".join(f"{v[0]}.{v[1]}.x" for v in [self.release] + [parse(v) for v in self.fixes_also_on])
+        releases = ", ".join(
+            f"{v[0]}.{v[1]}.x"
+            for v in [self.release] + [parse(v) for v in self.fixes_also_on]
+        )
         raise UnsupportedTorch(
             f"the fixes of the {self.name} series (through {self.last_fix!r}) apply to torch "
             f"{releases}, not to torch {version}."
@@ -173,4 +176,6 @@ def get(name: Optional[str]) -> Base:
     try:
         return BASES[name or DEFAULT]
     except KeyError:
-        raise UnsupportedTorch(f"no series for the base {name!r}; the bases are {', '.join(BASES)}") from None
+        raise UnsupportedTorch(
+            f"no series for the base {name!r}; the bases are {', '.join(BASES)}"
+        ) from None

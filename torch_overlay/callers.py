@@ -60,20 +60,26 @@ class CallSite:
 def _run(cmd: Sequence[str]) -> str:
     result = subprocess.run(list(cmd), capture_output=True, text=True)
     if result.returncode != 0:
-        raise CallersError(f"{' '.join(cmd[:2])} ... failed: {result.stderr.strip()[:500]}")
+        raise CallersError(
+            f"{' '.join(cmd[:2])} ... failed: {result.stderr.strip()[:500]}"
+        )
     return result.stdout
 
 
 def _demangle(symbols: List[str]) -> List[str]:
     if not symbols:
         return []
-    result = subprocess.run(["c++filt"], input="\n".join(symbols) + "\n", capture_output=True, text=True)
+    result = subprocess.run(
+        ["c++filt"], input="\n".join(symbols) + "\n", capture_output=True, text=True
+    )
     if result.returncode != 0:
         raise CallersError(f"c++filt failed: {result.stderr.strip()}")
     return result.stdout.splitlines()
 
 
-def symbols_of(lib_dir: pathlib.Path, qualified_names: Sequence[str]) -> Dict[str, Tuple[str, str]]:
+def symbols_of(
+    lib_dir: pathlib.Path, qualified_names: Sequence[str]
+) -> Dict[str, Tuple[str, str]]:
     """The dynamic symbol of each function ``c10d::NAME``, and the library in ``lib_dir`` that defines it."""
     found: Dict[str, Tuple[str, str]] = {}
     for library in sorted(lib_dir.glob("libtorch*.so")):
@@ -87,11 +93,15 @@ def symbols_of(lib_dir: pathlib.Path, qualified_names: Sequence[str]) -> Dict[st
                     found[name] = (symbol.split()[-1], library.name)
     missing = [n for n in qualified_names if n not in found]
     if missing:
-        raise CallersError(f"no library in {lib_dir} defines {', '.join('c10d::' + n for n in missing)}")
+        raise CallersError(
+            f"no library in {lib_dir} defines {', '.join('c10d::' + n for n in missing)}"
+        )
     return found
 
 
-def call_sites(lib_dir: pathlib.Path, symbols: Dict[str, str]) -> Dict[str, List[CallSite]]:
+def call_sites(
+    lib_dir: pathlib.Path, symbols: Dict[str, str]
+) -> Dict[str, List[CallSite]]:
     """Every call of each symbol in the libraries of ``lib_dir``, with the function it lies in.
 
     ``symbols`` maps each symbol to the library that defines it, which is always searched;
@@ -110,12 +120,17 @@ def call_sites(lib_dir: pathlib.Path, symbols: Dict[str, str]) -> Dict[str, List
             wanted.append(symbol)
         if not wanted:
             continue
-        targets = {s: re.compile(rf"\s(call|jmp)\s.*<{re.escape(s)}(@plt|\.localalias)?>") for s in wanted}
+        targets = {
+            s: re.compile(rf"\s(call|jmp)\s.*<{re.escape(s)}(@plt|\.localalias)?>")
+            for s in wanted
+        }
         callers: Dict[str, List[str]] = {s: [] for s in wanted}
         current = ""
         # Streamed: the disassembly of libtorch_cpu.so runs to gigabytes.
         cmd = ["objdump", "-d", "--no-show-raw-insn", str(library)]
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as objdump:
+        with subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        ) as objdump:
             assert objdump.stdout is not None
             for line in objdump.stdout:
                 label = _FUNCTION_LABEL.match(line.rstrip("\n"))
@@ -123,23 +138,35 @@ def call_sites(lib_dir: pathlib.Path, symbols: Dict[str, str]) -> Dict[str, List
                     current = label.group("symbol")
                     continue
                 for symbol in wanted:
-                    if symbol in line and targets[symbol].search(line) and current.split("@")[0].split(".")[0] != symbol:
+                    if (
+                        symbol in line
+                        and targets[symbol].search(line)
+                        and current.split("@")[0].split(".")[0] != symbol
+                    ):
                         callers[symbol].append(current)
         if objdump.returncode != 0:
-            raise CallersError(f"objdump -d {library} failed with exit code {objdump.returncode}")
+            raise CallersError(
+                f"objdump -d {library} failed with exit code {objdump.returncode}"
+            )
         for symbol in wanted:
-            sites[symbol] += [CallSite(library.name, caller) for caller in _demangle(callers[symbol])]
+            sites[symbol] += [
+                CallSite(library.name, caller) for caller in _demangle(callers[symbol])
+            ]
     return sites
 
 
-def unsound_replacements(lib_dir: pathlib.Path, qualified_names: Sequence[str]) -> Dict[str, List[CallSite]]:
+def unsound_replacements(
+    lib_dir: pathlib.Path, qualified_names: Sequence[str]
+) -> Dict[str, List[CallSite]]:
     """For each function, the call sites other than its binding; empty lists where replacing it is sound.
 
     Raises CallersError when binutils is missing, or no library defines a function.
     """
     missing_tools = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing_tools:
-        raise CallersError(f"{', '.join(missing_tools)} not found: install binutils (apt-get install binutils)")
+        raise CallersError(
+            f"{', '.join(missing_tools)} not found: install binutils (apt-get install binutils)"
+        )
     symbols = symbols_of(lib_dir, qualified_names)
     found = call_sites(lib_dir, dict(symbols.values()))
     unsound: Dict[str, List[CallSite]] = {}

@@ -27,7 +27,9 @@ def read_subject(patch: pathlib.Path) -> str:
     with open(patch, "rb") as f:
         headers = email.parser.BytesHeaderParser(policy=email.policy.default).parse(f)
     if headers["Subject"] is None:
-        raise UnknownCommit(f"{patch} has no Subject header: it is not a git format-patch file")
+        raise UnknownCommit(
+            f"{patch} has no Subject header: it is not a git format-patch file"
+        )
     return _NUMBERING.sub("", str(headers["Subject"]))
 
 
@@ -52,8 +54,12 @@ def find_patch(patches_dir: pathlib.Path, subject: str) -> pathlib.Path:
     if len(found) == 1:
         return found[0]
     if found:
-        raise UnknownCommit(f"{len(found)} patches in {patches_dir} have the subject {subject!r}")
-    close = difflib.get_close_matches(subject, [read_subject(p) for p in patches], n=1, cutoff=0.5)
+        raise UnknownCommit(
+            f"{len(found)} patches in {patches_dir} have the subject {subject!r}"
+        )
+    close = difflib.get_close_matches(
+        subject, [read_subject(p) for p in patches], n=1, cutoff=0.5
+    )
     hint = f"; the closest is {close[0]!r}" if close else ""
     raise UnknownCommit(f"no patch in {patches_dir} has the subject {subject!r}{hint}")
 

@@ -59,12 +59,24 @@ except ImportError as _overlay_missing:
         "pip install --force-reinstall --no-deps torch=={stock}"
     ) from _overlay_missing
 """
+
+
 OVERLAY_DIR = pathlib.Path(__file__).resolve().parent
 # Overlay sources that change what gets installed, besides the patches.
-OVERLAY_SOURCES = ("bindings.cpp", "reducer_prelude.h", "site_hook.py", "install.py", "series.py", "callers.py")
+OVERLAY_SOURCES = (
+    "bindings.cpp",
+    "reducer_prelude.h",
+    "site_hook.py",
+    "install.py",
+    "series.py",
+    "callers.py",
+)
 RENAMES_HEADER = "overlay_renames.h"
 # The headers whose declarations of replaced functions the renames change.
-RENAMED_HEADERS = ("torch/csrc/distributed/c10d/reducer.hpp", "torch/csrc/distributed/c10d/logger.hpp")
+RENAMED_HEADERS = (
+    "torch/csrc/distributed/c10d/reducer.hpp",
+    "torch/csrc/distributed/c10d/logger.hpp",
+)
 
 
 class OverlayError(Exception):
@@ -98,7 +110,11 @@ class Torch:
     @classmethod
     def at(cls, site_packages: pathlib.Path) -> "Torch":
         """The torch distribution installed in another environment's ``site_packages``."""
-        found = [d for d in importlib.metadata.distributions(path=[str(site_packages)]) if d.metadata["Name"] == "torch"]
+        found = [
+            d
+            for d in importlib.metadata.distributions(path=[str(site_packages)])
+            if d.metadata["Name"] == "torch"
+        ]
         if not found:
             raise OverlayError(f"torch is not installed in {site_packages}")
         return cls._of(found[0])
@@ -109,7 +125,9 @@ class Torch:
         for f in dist.files or []:
             if f.hash is not None and f.hash.mode == "sha256":
                 # RECORD stores urlsafe base64; keep hex to compare with hashlib.
-                digest = base64.urlsafe_b64decode(f.hash.value + "=" * (-len(f.hash.value) % 4))
+                digest = base64.urlsafe_b64decode(
+                    f.hash.value + "=" * (-len(f.hash.value) % 4)
+                )
                 record[str(f)] = digest.hex()
         return cls(dist.version, pathlib.Path(str(dist.locate_file(""))), record)
 
@@ -130,7 +148,9 @@ class Torch:
 class Manifest:
     stamp: str
     torch_version: str
-    files: Dict[str, Dict[str, str]]  # installed path -> {"original": sha, "patched": sha}
+    files: Dict[
+        str, Dict[str, str]
+    ]  # installed path -> {"original": sha, "patched": sha}
 
     @classmethod
     def read(cls, site_packages: pathlib.Path) -> Optional["Manifest"]:
@@ -140,7 +160,9 @@ class Manifest:
         return cls(**json.loads(path.read_text()))
 
     def write(self, package_dir: pathlib.Path) -> None:
-        (package_dir / "manifest.json").write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        (package_dir / "manifest.json").write_text(
+            json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+        )
 
 
 def stamp(patches: series_mod.Series) -> str:
@@ -150,7 +172,9 @@ def stamp(patches: series_mod.Series) -> str:
     return h.hexdigest()
 
 
-def originals(torch: Torch, manifest: Optional[Manifest], applied: List[str]) -> Dict[str, bytes]:
+def originals(
+    torch: Torch, manifest: Optional[Manifest], applied: List[str]
+) -> Dict[str, bytes]:
     """The wheel's own bytes for each file the series patches, checked against RECORD."""
     result = {}
     for repo_path in applied:
@@ -164,7 +188,9 @@ def originals(torch: Torch, manifest: Optional[Manifest], applied: List[str]) ->
     return result
 
 
-def apply_patches(tree: pathlib.Path, patches: series_mod.Series, sources: Dict[str, bytes]) -> Dict[str, bytes]:
+def apply_patches(
+    tree: pathlib.Path, patches: series_mod.Series, sources: Dict[str, bytes]
+) -> Dict[str, bytes]:
     """Apply the series to copies of ``sources`` under ``tree``; returns the patched bytes."""
     for repo_path, data in sources.items():
         (tree / repo_path).parent.mkdir(parents=True, exist_ok=True)
@@ -251,7 +277,10 @@ def renames_source(patches: series_mod.Series, include: pathlib.Path) -> str:
 
 def build_cache() -> pathlib.Path:
     """Where built extensions are kept, by what they were built from."""
-    return pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "torch_overlay"
+    return (
+        pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+        / "torch_overlay"
+    )
 
 
 def key_of_torch() -> str:
@@ -276,7 +305,9 @@ def sync_tree(source: pathlib.Path, target: pathlib.Path) -> None:
         write_if_changed(target / relative, (source / relative).read_text())
 
 
-def compile_extension(include: pathlib.Path, patches: series_mod.Series) -> pathlib.Path:
+def compile_extension(
+    include: pathlib.Path, patches: series_mod.Series
+) -> pathlib.Path:
     """Compile the additions and bindings; returns the built module's path.
 
     A module built before from the same sources and headers, for the same torch,
@@ -289,7 +320,9 @@ def compile_extension(include: pathlib.Path, patches: series_mod.Series) -> path
     for name in ("bindings.cpp", "reducer_prelude.h"):
         key.update(name.encode() + b"\0" + (OVERLAY_DIR / name).read_bytes())
     for header in sorted(p for p in include.rglob("*") if p.is_file()):
-        key.update(str(header.relative_to(include)).encode() + b"\0" + header.read_bytes())
+        key.update(
+            str(header.relative_to(include)).encode() + b"\0" + header.read_bytes()
+        )
     key.update(key_of_torch().encode())
     cached_dir = build_cache() / key.hexdigest()[:32]
     cached = sorted(cached_dir.glob("_C*.so"))
@@ -300,12 +333,20 @@ def compile_extension(include: pathlib.Path, patches: series_mod.Series) -> path
     from torch.utils import cpp_extension
 
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        raise OverlayError("no C++ compiler found (c++ or g++); install one, e.g. apt-get install g++")
+        raise OverlayError(
+            "no C++ compiler found (c++ or g++); install one, e.g. apt-get install g++"
+        )
     from torch._C._distributed_c10d import Reducer as StockReducer
 
     # The wheel's own bindings of the replaced functions, which the extension replaces.
-    replaced_bindings = {r.binding: StockReducer.__dict__.get(r.binding) for r in patches.replaced}
-    unbound = [f"c10d::{r.name} ({r.binding})" for r in patches.replaced if replaced_bindings[r.binding] is None]
+    replaced_bindings = {
+        r.binding: StockReducer.__dict__.get(r.binding) for r in patches.replaced
+    }
+    unbound = [
+        f"c10d::{r.name} ({r.binding})"
+        for r in patches.replaced
+        if replaced_bindings[r.binding] is None
+    ]
     if unbound:
         raise OverlayError(
             f"the series changes {', '.join(unbound)}, which torch {importlib.metadata.version('torch')} "
@@ -319,7 +360,11 @@ def compile_extension(include: pathlib.Path, patches: series_mod.Series) -> path
     # One ninja directory per torch and Python, kept between builds, whose inputs are
     # written only where they changed: a series that changes only reducer.cpp's lines,
     # such as a C++ mutant, recompiles only them.
-    work = build_cache() / "work" / hashlib.sha256(key_of_torch().encode()).hexdigest()[:16]
+    work = (
+        build_cache()
+        / "work"
+        / hashlib.sha256(key_of_torch().encode()).hexdigest()[:16]
+    )
     work.mkdir(parents=True, exist_ok=True)
     with open(work / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -332,7 +377,11 @@ def compile_extension(include: pathlib.Path, patches: series_mod.Series) -> path
             module = cpp_extension.load(
                 name="_C",
                 sources=[str(OVERLAY_DIR / "bindings.cpp"), str(additions)],
-                extra_include_paths=[str(work / "include"), str(OVERLAY_DIR), str(work / "build")],
+                extra_include_paths=[
+                    str(work / "include"),
+                    str(OVERLAY_DIR),
+                    str(work / "build"),
+                ],
                 build_directory=str(work / "build"),
                 with_cuda=False,
                 verbose=False,
@@ -342,10 +391,20 @@ def compile_extension(include: pathlib.Path, patches: series_mod.Series) -> path
     built = pathlib.Path(module.__file__)
     from torch._C._distributed_c10d import Logger, Reducer
 
-    missing = [name for name in patches.bound_methods if not hasattr(Reducer, name) and not hasattr(Logger, name)]
-    missing += [r.binding for r in patches.replaced if Reducer.__dict__.get(r.binding) is replaced_bindings[r.binding]]
+    missing = [
+        name
+        for name in patches.bound_methods
+        if not hasattr(Reducer, name) and not hasattr(Logger, name)
+    ]
+    missing += [
+        r.binding
+        for r in patches.replaced
+        if Reducer.__dict__.get(r.binding) is replaced_bindings[r.binding]
+    ]
     if missing:
-        raise OverlayError(f"the extension built but did not bind {missing} onto Reducer or Logger")
+        raise OverlayError(
+            f"the extension built but did not bind {missing} onto Reducer or Logger"
+        )
     cached_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(built, cached_dir / (built.name + ".partial"))
     (cached_dir / (built.name + ".partial")).rename(cached_dir / built.name)
@@ -378,8 +437,14 @@ def install(
     patches = read_base_series(repo, torch, base, fixes_only)
     new_stamp = stamp(patches)
     manifest = Manifest.read(torch.site_packages)
-    if manifest is not None and manifest.stamp == new_stamp and not problems(torch, manifest):
-        progress(f"already installed and up to date with patches/ ({len(patches.patches)} patches)")
+    if (
+        manifest is not None
+        and manifest.stamp == new_stamp
+        and not problems(torch, manifest)
+    ):
+        progress(
+            f"already installed and up to date with patches/ ({len(patches.patches)} patches)"
+        )
         return
     if manifest is not None:
         progress("installed overlay is out of date with patches/: rebuilding")
@@ -397,7 +462,9 @@ def install(
         torch.check_pristine(installed, data)
     with tempfile.TemporaryDirectory(prefix="torch_overlay.") as tmp:
         tmp_dir = pathlib.Path(tmp)
-        progress(f"applying {len(patches.patches)} patches to {', '.join(patches.applied)}")
+        progress(
+            f"applying {len(patches.patches)} patches to {', '.join(patches.applied)}"
+        )
         patched = apply_patches(tmp_dir / "tree", patches, sources)
         if DDP_MODULE in patched:
             patched[DDP_MODULE] += load_extension_source(torch.version).encode()
@@ -410,7 +477,10 @@ def install(
         for header in RENAMED_HEADERS:
             if not (include / header).is_file():
                 (include / header).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(torch.site_packages / series_mod.installed_path(header), include / header)
+                shutil.copy2(
+                    torch.site_packages / series_mod.installed_path(header),
+                    include / header,
+                )
         built = build(include, patches)
 
         package_new = torch.site_packages / (PACKAGE + ".new")
@@ -424,7 +494,10 @@ def install(
             backup = package_new / "backup" / installed
             backup.parent.mkdir(parents=True, exist_ok=True)
             backup.write_bytes(data)
-            files[installed] = {"original": sha256(data), "patched": sha256(patched[repo_path])}
+            files[installed] = {
+                "original": sha256(data),
+                "patched": sha256(patched[repo_path]),
+            }
         Manifest(new_stamp, torch.version, files).write(package_new)
 
         progress("writing the patched files into " + str(torch.site_packages))
@@ -432,28 +505,42 @@ def install(
             for installed, data in dropped.items():
                 write_atomically(torch.site_packages / installed, data)
             for repo_path, data in patched.items():
-                write_atomically(torch.site_packages / series_mod.installed_path(repo_path), data)
+                write_atomically(
+                    torch.site_packages / series_mod.installed_path(repo_path), data
+                )
             shutil.rmtree(torch.site_packages / PACKAGE, ignore_errors=True)
             package_new.rename(torch.site_packages / PACKAGE)
             (torch.site_packages / (PACKAGE + ".pth")).write_text(f"import {PACKAGE}\n")
         except BaseException:
             for repo_path, data in sources.items():
-                write_atomically(torch.site_packages / series_mod.installed_path(repo_path), data)
+                write_atomically(
+                    torch.site_packages / series_mod.installed_path(repo_path), data
+                )
             for installed, data in dropped.items():
                 write_atomically(torch.site_packages / installed, data)
             shutil.rmtree(package_new, ignore_errors=True)
             raise
-    what = f"the fixes of the {base.name} series" if fixes_only else f"the {base.name} series"
-    progress(f"installed: torch {torch.version} now carries {what} ({len(patches.patches)} patches)")
+    what = (
+        f"the fixes of the {base.name} series"
+        if fixes_only
+        else f"the {base.name} series"
+    )
+    progress(
+        f"installed: torch {torch.version} now carries {what} ({len(patches.patches)} patches)"
+    )
 
 
-def read_base_series(repo: pathlib.Path, torch: Torch, base: bases.Base, fixes_only: bool) -> series_mod.Series:
+def read_base_series(
+    repo: pathlib.Path, torch: Torch, base: bases.Base, fixes_only: bool
+) -> series_mod.Series:
     """``base``'s series in ``repo``, or its fixes alone."""
     try:
         count = len(base.fix_patches(repo)) if fixes_only else None
     except bases.UnsupportedTorch as e:
         raise OverlayError(str(e)) from e
-    return series_mod.read_series(base.patches(repo), torch.site_packages, replaceable=base.has_api, count=count)
+    return series_mod.read_series(
+        base.patches(repo), torch.site_packages, replaceable=base.has_api, count=count
+    )
 
 
 def check_replacements(torch: Torch, patches: series_mod.Series) -> None:
@@ -465,21 +552,38 @@ def check_replacements(torch: Torch, patches: series_mod.Series) -> None:
     names = sorted(r.name for r in patches.replaced)
     if not names:
         return
-    key = hashlib.sha256(json.dumps([torch.version, torch.record.get("torch/lib/libtorch_cpu.so"), names]).encode())
+    key = hashlib.sha256(
+        json.dumps(
+            [torch.version, torch.record.get("torch/lib/libtorch_cpu.so"), names]
+        ).encode()
+    )
     cached = build_cache() / f"callers-{key.hexdigest()[:32]}.json"
     if cached.is_file():
         unsound = json.loads(cached.read_text())
     else:
-        progress(f"checking that nothing in libtorch but the Python bindings calls {', '.join(names)}")
+        progress(
+            f"checking that nothing in libtorch but the Python bindings calls {', '.join(names)}"
+        )
         try:
-            found = callers.unsound_replacements(torch.site_packages / "torch" / "lib", names)
+            found = callers.unsound_replacements(
+                torch.site_packages / "torch" / "lib", names
+            )
         except callers.CallersError as e:
-            raise OverlayError(f"cannot check who calls the functions the series changes: {e}") from e
-        unsound = {name: [f"{s.caller} in {s.library}" for s in sites] for name, sites in found.items() if sites}
+            raise OverlayError(
+                f"cannot check who calls the functions the series changes: {e}"
+            ) from e
+        unsound = {
+            name: [f"{s.caller} in {s.library}" for s in sites]
+            for name, sites in found.items()
+            if sites
+        }
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_text(json.dumps(unsound))
     if unsound:
-        details = "; ".join(f"c10d::{name} is called by {', '.join(sites)}" for name, sites in unsound.items())
+        details = "; ".join(
+            f"c10d::{name} is called by {', '.join(sites)}"
+            for name, sites in unsound.items()
+        )
         raise OverlayError(
             "the series changes functions that libtorch calls other than through their Python "
             f"binding, so replacing the binding would leave those callers on the old code: {details}"
@@ -508,7 +612,9 @@ def problems(torch: Torch, manifest: Manifest) -> List[str]:
     return found
 
 
-def status(repo: pathlib.Path, torch: Torch, base: bases.Base, fixes_only: bool = False) -> int:
+def status(
+    repo: pathlib.Path, torch: Torch, base: bases.Base, fixes_only: bool = False
+) -> int:
     """Print what is installed; 0 when it matches patches/, 1 when not installed, 2 when stale."""
     print(f"torch {torch.version} in {torch.site_packages}")
     manifest = Manifest.read(torch.site_packages)

@@ -105,9 +105,13 @@ class Fragment:
 class Series:
     patches: List[pathlib.Path]
     applied: List[str]  # repo paths whose installed copies get patched
-    fragments: List[Fragment]  # what the series adds to reducer.cpp and logger.cpp, in file order
+    fragments: List[
+        Fragment
+    ]  # what the series adds to reducer.cpp and logger.cpp, in file order
     bound_methods: List[str]  # Reducer and Logger methods the init.cpp hunks bind
-    replaced: List[ReplacedFunction]  # functions of the base that the series changes, in file order
+    replaced: List[
+        ReplacedFunction
+    ]  # functions of the base that the series changes, in file order
     # What the hunks show of the base files of SOURCE_ONLY: path -> line number -> text.
     base_lines: Dict[str, Dict[int, str]]
 
@@ -133,7 +137,11 @@ def installed_path(repo_path: str) -> str:
 
 
 def _target_path(patched_file: unidiff.PatchedFile) -> str:
-    return patched_file.target_file[2:] if patched_file.target_file.startswith("b/") else patched_file.path
+    return (
+        patched_file.target_file[2:]
+        if patched_file.target_file.startswith("b/")
+        else patched_file.path
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +166,11 @@ def _whole_functions(lines: List[str]) -> List[Tuple[int, int]]:
 
 
 def _check_replacement(
-    patch_name: str, patched_file: unidiff.PatchedFile, hunk: unidiff.Hunk, replaceable: bool, base_line_no: int
+    patch_name: str,
+    patched_file: unidiff.PatchedFile,
+    hunk: unidiff.Hunk,
+    replaceable: bool,
+    base_line_no: int,
 ) -> str:
     """The function of the base file that ``hunk`` changes by removing its line at ``base_line_no``.
 
@@ -176,12 +188,16 @@ def _check_replacement(
         )
     source_lines = [line for line in hunk if not line.is_added]
     source = [line.value for line in source_lines]
-    removed = [i for i, line in enumerate(source_lines) if line.source_line_no == base_line_no]
+    removed = [
+        i for i, line in enumerate(source_lines) if line.source_line_no == base_line_no
+    ]
     target = [line.value for line in hunk if not line.is_removed]
     spans = _whole_functions(source)
     changed = {_DEFINITION.match(source[first]).group("name") for first, _ in spans}  # type: ignore[union-attr]
     replacing = {_DEFINITION.match(target[first]).group("name") for first, _ in _whole_functions(target)}  # type: ignore[union-attr]
-    enclosing = [first for first, last in spans if any(first <= i <= last for i in removed)]
+    enclosing = [
+        first for first, last in spans if any(first <= i <= last for i in removed)
+    ]
     if not enclosing or not changed <= replacing:
         raise SeriesError(
             f"{patch_name}: a hunk at {patched_file.path}:{hunk.source_start} changes a function of "
@@ -194,7 +210,12 @@ def _check_replacement(
     return match.group("name")
 
 
-def _changed_binding(patch_name: str, patched_file: unidiff.PatchedFile, hunk: unidiff.Hunk, base_line_no: int) -> str:
+def _changed_binding(
+    patch_name: str,
+    patched_file: unidiff.PatchedFile,
+    hunk: unidiff.Hunk,
+    base_line_no: int,
+) -> str:
     """The name of the init.cpp binding (``.def(\n "_name",``) whose line ``base_line_no`` ``hunk`` removes."""
     source = [line for line in hunk if not line.is_added]
     at = next(i for i, line in enumerate(source) if line.source_line_no == base_line_no)
@@ -231,10 +252,14 @@ def _apply_hunks(
     after: Dict[int, _KnownLine] = {}
     hunks = sorted(patched_file, key=lambda h: h.source_start)
     for line_no, known_line in known.items():
-        if any(h.source_start <= line_no < h.source_start + h.source_length for h in hunks):
+        if any(
+            h.source_start <= line_no < h.source_start + h.source_length for h in hunks
+        ):
             continue  # the hunk that covers it says what becomes of it
         shift = sum(
-            h.target_length - h.source_length for h in hunks if h.source_start + h.source_length <= line_no
+            h.target_length - h.source_length
+            for h in hunks
+            if h.source_start + h.source_length <= line_no
         )
         after[line_no + shift] = known_line
     for hunk in hunks:
@@ -244,18 +269,30 @@ def _apply_hunks(
                 removed = known.get(line.source_line_no)
                 if removed is None or removed.patch is None:
                     if replaceable and _target_path(patched_file) == INIT_CPP:
-                        name = _changed_binding(patch_name, patched_file, hunk, line.source_line_no)
+                        name = _changed_binding(
+                            patch_name, patched_file, hunk, line.source_line_no
+                        )
                     else:
-                        name = _check_replacement(patch_name, patched_file, hunk, replaceable, line.source_line_no)
+                        name = _check_replacement(
+                            patch_name,
+                            patched_file,
+                            hunk,
+                            replaceable,
+                            line.source_line_no,
+                        )
                     changed.add(name)
             elif line.is_added:
                 assert line.target_line_no is not None  # added lines have one
                 after[line.target_line_no] = _KnownLine(line.value, patch_name)
             else:
-                assert line.source_line_no is not None and line.target_line_no is not None
+                assert (
+                    line.source_line_no is not None and line.target_line_no is not None
+                )
                 # Every line the series added before it is known, and only those
                 # moved it away from where it is in the base file.
-                added_before = sum(1 for n, k in known.items() if k.patch and n < line.source_line_no)
+                added_before = sum(
+                    1 for n, k in known.items() if k.patch and n < line.source_line_no
+                )
                 base = _KnownLine(line.value, None, line.source_line_no - added_before)
                 before = known.get(line.source_line_no, base)
                 if before.text != line.value:
@@ -275,10 +312,18 @@ def _fragments(path: str, known: Dict[int, _KnownLine]) -> List[Fragment]:
         if line.patch is None:
             continue
         last = fragments[-1] if fragments else None
-        if last and last.patch == line.patch and last.first_line + last.text.count("\n") == line_no:
+        if (
+            last
+            and last.patch == line.patch
+            and last.first_line + last.text.count("\n") == line_no
+        ):
             fragments[-1] = dataclasses.replace(last, text=last.text + line.text)
         else:
-            fragments.append(Fragment(patch=line.patch, path=path, first_line=line_no, text=line.text))
+            fragments.append(
+                Fragment(
+                    patch=line.patch, path=path, first_line=line_no, text=line.text
+                )
+            )
     return fragments
 
 
@@ -307,7 +352,11 @@ def _whole_changes(
     for run in runs:
         texts = [known[n].text for n in run]
         for first, last in _whole_functions(texts):
-            patches = [p for p in (known[n].patch for n in run[first : last + 1]) if p is not None]
+            patches = [
+                p
+                for p in (known[n].patch for n in run[first : last + 1])
+                if p is not None
+            ]
             if not patches:
                 continue  # context that no patch changed
             match = _DEFINITION.match(texts[first])
@@ -317,21 +366,35 @@ def _whole_changes(
             # A function of the base file: one whose first line a patch removed,
             # or one whose first line is the base file's.
             if match.group("name") in changed or known[run[first]].patch is None:
-                replaced.append(ReplacedFunction(path, match.group("name"), run[first], text))
+                replaced.append(
+                    ReplacedFunction(path, match.group("name"), run[first], text)
+                )
             else:
-                added.append(Fragment(patch=patches[0], path=path, first_line=run[first], text=text))
+                added.append(
+                    Fragment(
+                        patch=patches[0], path=path, first_line=run[first], text=text
+                    )
+                )
     constants: List[Fragment] = []
     for n, line in sorted(known.items()):
         if line.patch and n not in taken and _CONSTANT.match(line.text):
             end = n
-            while not known[end].text.rstrip().endswith(";") and known.get(end + 1, line).patch == line.patch:
+            while (
+                not known[end].text.rstrip().endswith(";")
+                and known.get(end + 1, line).patch == line.patch
+            ):
                 end += 1
             text = "".join(known[k].text for k in range(n, end + 1))
             if text.rstrip().endswith(";"):
                 taken.update(range(n, end + 1))
                 constants.append(Fragment(line.patch, path, n, text, declaration=True))
     for n, line in sorted(known.items()):
-        if line.patch and n not in taken and line.text.strip() and not line.text.lstrip().startswith("//"):
+        if (
+            line.patch
+            and n not in taken
+            and line.text.strip()
+            and not line.text.lstrip().startswith("//")
+        ):
             raise SeriesError(
                 f"{line.patch}: it adds {path}:{n} ({line.text.strip()[:60]}), which the hunks do not "
                 "show inside a whole function. The overlay compiles changed and added functions "
@@ -353,7 +416,10 @@ def _bound_methods(patched_file: unidiff.PatchedFile) -> List[str]:
 
 
 def read_series(
-    patches_dir: pathlib.Path, site_packages: pathlib.Path, replaceable: bool = False, count: Optional[int] = None
+    patches_dir: pathlib.Path,
+    site_packages: pathlib.Path,
+    replaceable: bool = False,
+    count: Optional[int] = None,
 ) -> Series:
     """Parse the series and sort its files into the overlay's roles.
 
@@ -386,7 +452,9 @@ def read_series(
             if path.startswith("test/"):
                 continue
             if path in SOURCE_ONLY:
-                known[path] = _apply_hunks(patch.name, patched_file, known[path], replaceable, changed[path])
+                known[path] = _apply_hunks(
+                    patch.name, patched_file, known[path], replaceable, changed[path]
+                )
                 if path == INIT_CPP:
                     bound.extend(_bound_methods(patched_file))
             elif (site_packages / installed_path(path)).is_file():

@@ -34,9 +34,13 @@ def body(rank):
     ddp = DistributedDataParallel(OutOfOrder())
     alone = [dist.new_group([0]), dist.new_group([1])]
     both = dist.new_group([0, 1])
-    ddp._update_process_group(alone[0] if rank == 0 else dist.GroupMember.NON_GROUP_MEMBER)
+    ddp._update_process_group(
+        alone[0] if rank == 0 else dist.GroupMember.NON_GROUP_MEMBER
+    )
     if rank == 0:
-        for step in range(2):  # the first backward pass records the order; the next forward rebuilds
+        for step in range(
+            2
+        ):  # the first backward pass records the order; the next forward rebuilds
             ddp.zero_grad(set_to_none=True)
             ddp(batch(rank, 0)).pow(2).sum().backward()
     ddp._update_process_group(both)

@@ -53,10 +53,16 @@ class HeldGroup(dist.ProcessGroup):
         return _create_work_from_future(future)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        return self.inner.allgather(output_tensors, input_tensors, opts or dist.distributed_c10d.AllgatherOptions())
+        return self.inner.allgather(
+            output_tensors,
+            input_tensors,
+            opts or dist.distributed_c10d.AllgatherOptions(),
+        )
 
     def broadcast(self, tensors, opts=None):
-        return self.inner.broadcast(tensors, opts or dist.distributed_c10d.BroadcastOptions())
+        return self.inner.broadcast(
+            tensors, opts or dist.distributed_c10d.BroadcastOptions()
+        )
 
     @torch.no_grad()
     def release(self):
@@ -108,7 +114,9 @@ def expected_grads(module, step, ranks):
     local = copy.deepcopy(module)
     total = [torch.zeros_like(p) for p in local.parameters()]
     for rank in ranks:
-        grads = torch.autograd.grad(local(batch(rank, step)).pow(2).sum(), list(local.parameters()))
+        grads = torch.autograd.grad(
+            local(batch(rank, step)).pow(2).sum(), list(local.parameters())
+        )
         total = [t + g for t, g in zip(total, grads)]
     return [t / len(ranks) for t in total]
 
@@ -116,7 +124,9 @@ def expected_grads(module, step, ranks):
 def check(ddp, step, ranks):
     """The largest error of a gradient of ``ddp`` after its step ``step`` over ``ranks``."""
     want = expected_grads(ddp.module, step, ranks)
-    return max((p.grad - w).abs().max().item() for p, w in zip(ddp.module.parameters(), want))
+    return max(
+        (p.grad - w).abs().max().item() for p, w in zip(ddp.module.parameters(), want)
+    )
 
 
 def recover_and_step(ddp, old, rank):
@@ -153,9 +163,17 @@ def _rank(rank, body, init_file, results, world_size, in_place):
     os.environ["REPRO_RANK"] = str(rank)
     # A group to reconfigure in place (torch 2.14), where a rank whose collective waits on
     # a survivor while a peer is gone fails once the group times out.
-    in_place_options = dict(timeout=datetime.timedelta(seconds=10), enable_reconfigure=True) if in_place else {}
+    in_place_options = (
+        dict(timeout=datetime.timedelta(seconds=10), enable_reconfigure=True)
+        if in_place
+        else {}
+    )
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size, **in_place_options
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        **in_place_options,
     )
     if in_place:
         reconfigure(list(range(world_size)), uuid=0)
@@ -192,6 +210,12 @@ def main(title, body, world_size=WORLD_SIZE, in_place=False):
         if error is None:
             print(f"  rank {rank}: killed")
         else:
-            print(f"  rank {rank}: largest error of a gradient in the step after recovering: {error:.3g}")
-    print("WRONG: the gradients are not the average over the ranks" if wrong else "ok: the gradients are right")
+            print(
+                f"  rank {rank}: largest error of a gradient in the step after recovering: {error:.3g}"
+            )
+    print(
+        "WRONG: the gradients are not the average over the ranks"
+        if wrong
+        else "ok: the gradients are right"
+    )
     sys.exit(1 if wrong else 0)

@@ -22,7 +22,9 @@ def body(rank):
     module = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 3))
     # Small buckets: one for each layer.
     with mock.patch.object(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 100):
-        ddp = DistributedDataParallel(module, process_group=old, bucket_cap_mb=1e-4, find_unused_parameters=True)
+        ddp = DistributedDataParallel(
+            module, process_group=old, bucket_cap_mb=1e-4, find_unused_parameters=True
+        )
     assert len(ddp.reducer._get_zeros_like_grad_buckets()) > 1
     old.holding = True
     old.fail_first = True
@@ -34,4 +36,7 @@ def body(rank):
 
 
 if __name__ == "__main__":
-    main("the allreduces that a failed finalize_backward() did not wait for write into the next step", body)
+    main(
+        "the allreduces that a failed finalize_backward() did not wait for write into the next step",
+        body,
+    )

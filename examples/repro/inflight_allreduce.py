@@ -16,14 +16,22 @@ from torch.nn.parallel import DistributedDataParallel
 
 def body(rank):
     old = HeldGroup(dist.new_group([0, 1]))
-    ddp = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)), process_group=old)
+    ddp = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)),
+        process_group=old,
+    )
     old.holding = True
     try:
-        ddp(RaiseInBackward.apply(torch.ones(4, 6, requires_grad=True))).sum().backward()
+        ddp(
+            RaiseInBackward.apply(torch.ones(4, 6, requires_grad=True))
+        ).sum().backward()
     except RuntimeError:
         pass  # the backward pass raised; its allreduce is in flight
     return recover_and_step(ddp, old, rank)
 
 
 if __name__ == "__main__":
-    main("the allreduce of a failed backward pass writes into the next step's gradients", body)
+    main(
+        "the allreduce of a failed backward pass writes into the next step's gradients",
+        body,
+    )

@@ -20,7 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 def body(rank):
     group = dist.group.WORLD
-    ddp = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)))
+    ddp = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 3))
+    )
     ddp(batch(rank, 0)).pow(2).sum().backward()
     if rank == 3:
         ddp.module[0].weight.register_hook(lambda grad: die(rank))
@@ -33,7 +35,11 @@ def body(rank):
     try:
         loss = ddp(batch(rank, 2)).pow(2).sum()
     except RuntimeError as e:
-        print(f"  rank {rank}: the forward pass raised: {str(e).splitlines()[0][:100]}...\n", end="", flush=True)
+        print(
+            f"  rank {rank}: the forward pass raised: {str(e).splitlines()[0][:100]}...\n",
+            end="",
+            flush=True,
+        )
         ddp._update_process_group(group)
         loss = ddp(batch(rank, 2)).pow(2).sum()
     loss.backward()
@@ -41,4 +47,9 @@ def body(rank):
 
 
 if __name__ == "__main__":
-    main("a group reconfigured in place: DDP divides the gradients by its old size", body, world_size=4, in_place=True)
+    main(
+        "a group reconfigured in place: DDP divides the gradients by its old size",
+        body,
+        world_size=4,
+        in_place=True,
+    )

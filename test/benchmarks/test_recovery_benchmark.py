@@ -15,15 +15,21 @@ import sys
 import pytest
 import torch.distributed as dist
 
-BENCHMARK = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "recovery_after_lost_rank.py"
+BENCHMARK = (
+    pathlib.Path(__file__).resolve().parents[2]
+    / "benchmarks"
+    / "recovery_after_lost_rank.py"
+)
 spec = importlib.util.spec_from_file_location("recovery_after_lost_rank", BENCHMARK)
 benchmark = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(benchmark)
 
 # What the runs need; the arithmetic of the verdicts needs neither.
 MISSING = (
-    "in-place reconfiguration: needs torch 2.14 or later" if not hasattr(dist, "_reconfigure")
-    else "needs torchft 0.2.0 (v2.14.1's venv has it)" if importlib.util.find_spec("torchft") is None
+    "in-place reconfiguration: needs torch 2.14 or later"
+    if not hasattr(dist, "_reconfigure")
+    else "needs torchft 0.2.0 (v2.14.1's venv has it)"
+    if importlib.util.find_spec("torchft") is None
     else None
 )
 runs = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
@@ -32,8 +38,26 @@ runs = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 def run_benchmark(out: pathlib.Path) -> str:
     """Its stdout, on 2 ranks, a tiny model, no torch.compile, with short steady and call parts."""
     result = subprocess.run(
-        [sys.executable, str(BENCHMARK), "--worlds", "2", "--sizes", "tiny", "--compile", "none",
-         "--steady-repeats", "2", "--steady-steps", "3", "--call-repeats", "2", "--timeout", "30", "--out", str(out)],
+        [
+            sys.executable,
+            str(BENCHMARK),
+            "--worlds",
+            "2",
+            "--sizes",
+            "tiny",
+            "--compile",
+            "none",
+            "--steady-repeats",
+            "2",
+            "--steady-steps",
+            "3",
+            "--call-repeats",
+            "2",
+            "--timeout",
+            "30",
+            "--out",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=900,
@@ -55,10 +79,15 @@ def report(tmp_path_factory):
 def test_a_path_that_recovers(report, path, kill_in):
     _, data, _ = report
     cell = data["cells"][f"w2-tiny-none-{kill_in}-{path}"]
-    assert cell["kill_to_survivors_step_s"] > 0 and cell["new_process_to_first_step_s"] > 0
+    assert (
+        cell["kill_to_survivors_step_s"] > 0 and cell["new_process_to_first_step_s"] > 0
+    )
     # c's restart goes back to the last checkpoint: the step before the kill's, where the kill
     # came while it was written.
-    assert cell["left_at"] in ((4, 5) if path == "c" else (5,)) and cell["lost_updates"] == 0
+    assert (
+        cell["left_at"] in ((4, 5) if path == "c" else (5,))
+        and cell["lost_updates"] == 0
+    )
     assert cell["joined_at"] > cell["left_at"] and cell["end"] == cell["joined_at"] + 5
     # The survivor's attempt at the step of the kill is done again (between steps too: it
     # starts the step with the lost replica in its group); in c, the restart on the join also
@@ -79,7 +108,10 @@ def test_torchft_killed_in_the_backward_pass(report):
     # survivors' allreduce in torchft's comm hook, which then fails an assertion; and the
     # reducer, left in the middle of that pass, fails its next forward pass.
     _, data, _ = report
-    assert "INTERNAL ASSERT FAILED" in data["cells"]["w2-tiny-none-backward-torchft"]["error"]
+    assert (
+        "INTERNAL ASSERT FAILED"
+        in data["cells"]["w2-tiny-none-backward-torchft"]["error"]
+    )
 
 
 @runs
@@ -88,8 +120,14 @@ def test_torchft_killed_between_steps(report):
     # it out: no attempt fails. The new process heals from the survivor in its first quorum.
     _, data, _ = report
     cell = data["cells"]["w2-tiny-none-between_steps-torchft"]
-    assert cell["kill_to_survivors_step_s"] > 0 and cell["new_process_to_first_step_s"] > 0
-    assert (cell["left_at"], cell["lost_updates"], cell["discarded_attempts"]) == (5, 0, 0)
+    assert (
+        cell["kill_to_survivors_step_s"] > 0 and cell["new_process_to_first_step_s"] > 0
+    )
+    assert (cell["left_at"], cell["lost_updates"], cell["discarded_attempts"]) == (
+        5,
+        0,
+        0,
+    )
     # One survivor of two is not a majority: the lighthouse waits for it, it is never left out.
     assert cell["short_steps"] == 0
     assert cell["joined_at"] > cell["left_at"] and cell["end"] == cell["joined_at"] + 5
@@ -103,7 +141,11 @@ def test_torchft_killed_between_steps(report):
 def test_steady_and_call(report):
     stdout, data, out = report
     steady = data["steady"]["w2-tiny-none"]
-    assert steady["repeats"] == 2 and steady["verdict"] in ("met", "not met", "inconclusive")
+    assert steady["repeats"] == 2 and steady["verdict"] in (
+        "met",
+        "not met",
+        "inconclusive",
+    )
     low, high = steady["interval_95"]
     assert low <= steady["series_over_stock"] <= high
     assert steady["torchft_step_s"] > 0
@@ -115,10 +157,16 @@ def test_steady_and_call(report):
         [c["kind"] for c in call["no_sync"]["collectives"]] + ["broadcast"]
     )
     for mode in (call[name] for name in benchmark.CALL_MODES):
-        assert mode["call_over_collectives"] == pytest.approx(mode["call_s"] / mode["collectives_s"])
-        assert mode["met"] == (mode["call_over_collectives"] <= benchmark.GOALS["call_over_collectives"])
+        assert mode["call_over_collectives"] == pytest.approx(
+            mode["call_s"] / mode["collectives_s"]
+        )
+        assert mode["met"] == (
+            mode["call_over_collectives"] <= benchmark.GOALS["call_over_collectives"]
+        )
     assert benchmark.table(data) in stdout
-    assert (out / "recovery_after_lost_rank.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "recovery_after_lost_rank.png").read_bytes()[
+        :8
+    ] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_interval_and_verdict():
@@ -144,8 +192,17 @@ def test_a_step_short_of_a_member():
         nonlocal t
         for slot in slots:
             t += 1
-            events.append({"kind": "step", "t": t, "slot": slot, "pid": pid(slot), "step": step,
-                           "participants": participants, "rss_mb": 100.0})
+            events.append(
+                {
+                    "kind": "step",
+                    "t": t,
+                    "slot": slot,
+                    "pid": pid(slot),
+                    "step": step,
+                    "participants": participants,
+                    "rss_mb": 100.0,
+                }
+            )
 
     for s in range(5):
         step(s, range(4), 4)
@@ -157,8 +214,18 @@ def test_a_step_short_of_a_member():
     step(8, (1, 2, 3), 3)
     step(9, range(3), 3)
     step(10, range(4), 3)
-    events += [{"kind": "final", "t": t + 1, "slot": slot, "pid": pid(slot), "step": 11, "digest": "d",
-                "graphs_after_warmup": 0} for slot in range(4)]
+    events += [
+        {
+            "kind": "final",
+            "t": t + 1,
+            "slot": slot,
+            "pid": pid(slot),
+            "step": 11,
+            "digest": "d",
+            "graphs_after_warmup": 0,
+        }
+        for slot in range(4)
+    ]
     cell = benchmark.analyze(events, {200: 90}, victim=3)
     assert (cell["joined_at"], cell["lost_updates"], cell["short_steps"]) == (8, 0, 3)
 
@@ -175,14 +242,21 @@ def test_a_failure_names_its_exception_not_the_lines_after_it(tmp_path):
         "Parameter indices which did not receive grad for rank 0: 0 1\n"
         " In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL\n"
     )
-    assert driver.last_error(1).startswith("[rank0]: RuntimeError: Expected to have finished reduction")
+    assert driver.last_error(1).startswith(
+        "[rank0]: RuntimeError: Expected to have finished reduction"
+    )
     # SystemExit's message names no exception: the last line.
-    pathlib.Path(driver.stderr_path(2)).write_text("slot 1 saw the switch at step 3 at 4\n")
+    pathlib.Path(driver.stderr_path(2)).write_text(
+        "slot 1 saw the switch at step 3 at 4\n"
+    )
     assert driver.last_error(2) == "slot 1 saw the switch at step 3 at 4"
     # What the process recorded wins over its stderr, where torchft logs the errors it handles.
     pathlib.Path(driver.stderr_path(3)).write_text(
-        "Traceback (most recent call last):\nRuntimeError: handled by torchft\nslot 1 is at step 9, past the end at 8\n")
-    pathlib.Path(benchmark.error_path(driver.events_dir, 3)).write_text("SystemExit: slot 1 is at step 9, past the end at 8")
+        "Traceback (most recent call last):\nRuntimeError: handled by torchft\nslot 1 is at step 9, past the end at 8\n"
+    )
+    pathlib.Path(benchmark.error_path(driver.events_dir, 3)).write_text(
+        "SystemExit: slot 1 is at step 9, past the end at 8"
+    )
     assert driver.last_error(3) == "SystemExit: slot 1 is at step 9, past the end at 8"
 
 
@@ -192,11 +266,33 @@ def test_a_process_records_the_error_that_ends_it(tmp_path):
         unused.bind(("localhost", 0))
         port = unused.getsockname()[1]
     result = subprocess.run(
-        [sys.executable, str(BENCHMARK), "--role", "replica", "--slot", "0", "--world", "1", "--size", "tiny",
-         "--port", str(port), "--events", str(tmp_path), "--timeout", "1"], capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            str(BENCHMARK),
+            "--role",
+            "replica",
+            "--slot",
+            "0",
+            "--world",
+            "1",
+            "--size",
+            "tiny",
+            "--port",
+            str(port),
+            "--events",
+            str(tmp_path),
+            "--timeout",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     recorded = list(tmp_path.glob("error-*.txt"))
-    assert len(recorded) == 1 and "Error" in recorded[0].read_text().split(":")[0], result.stderr[-2000:]
+    assert (
+        len(recorded) == 1 and "Error" in recorded[0].read_text().split(":")[0]
+    ), result.stderr[-2000:]
 
 
 @runs
@@ -206,13 +302,23 @@ def test_a_second_run_keeps_what_the_first_measured(report):
     stdout = run_benchmark(out)
     assert json.loads((out / "recovery_after_lost_rank.json").read_text()) == data
     kept = [line for line in stdout.splitlines() if "kept from the run of" in line]
-    assert len(kept) == len(data["cells"]) + len(data["steady"]) + len(data["call"]) == 2 * 4 + 1 + 1
+    assert (
+        len(kept)
+        == len(data["cells"]) + len(data["steady"]) + len(data["call"])
+        == 2 * 4 + 1 + 1
+    )
 
 
 @runs
 def test_markdown_has_a_row_per_measurement(report):
     _, data, _ = report
-    rows = [line for line in benchmark.markdown(data).splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [
+        line
+        for line in benchmark.markdown(data).splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
     headers = 3
-    assert len(rows) == headers + len(data["cells"]) + len(data["steady"]) + 2 * len(data["call"])
+    assert len(rows) == headers + len(data["cells"]) + len(data["steady"]) + 2 * len(
+        data["call"]
+    )
     assert "| 2 | tiny | none | between steps | torchft | " in benchmark.markdown(data)

@@ -31,7 +31,9 @@ print(json.dumps({{
 def stock_report() -> dict:
     env = dict(os.environ)
     command = stock_torch.command(env)
-    result = subprocess.run([*command, "-c", REPORT], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [*command, "-c", REPORT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
 
@@ -40,7 +42,9 @@ def test_a_stock_process_runs_the_original_files_under_their_installed_names():
     stock = stock_report()
     assert not stock["overlay_imported"]
     # The original source, with what the series adds missing from it.
-    added = set(vars(series_distributed.DistributedDataParallel)) - set(stock["attributes"])
+    added = set(vars(series_distributed.DistributedDataParallel)) - set(
+        stock["attributes"]
+    )
     assert added, "the stock process's DDP has everything the series' has"
     # Under the installed file's name: Dynamo chooses how to trace a function by its file's name,
     # and traced DDP's forward as a user's function from the backup's, which broke torch.compile.
@@ -50,6 +54,15 @@ def test_a_stock_process_runs_the_original_files_under_their_installed_names():
 def test_without_python_s_it_refuses():
     env = dict(os.environ)
     env[stock_torch.SITE_PACKAGES_ENV] = "unused"
-    result = subprocess.run([sys.executable, "-c", REPORT], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", REPORT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
-    assert "stock torch needs python -S: the overlay's .pth file has already run" in result.stderr
+    assert (
+        "stock torch needs python -S: the overlay's .pth file has already run"
+        in result.stderr
+    )

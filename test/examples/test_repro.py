@@ -16,13 +16,29 @@ from torch_overlay import bases
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 REPRO = REPO / "examples" / "repro"
-SCRIPTS = ("inflight_allreduce.py", "finalize_backward_failure.py", "bucket_assignment.py", "reconfigure_in_place.py")
+SCRIPTS = (
+    "inflight_allreduce.py",
+    "finalize_backward_failure.py",
+    "bucket_assignment.py",
+    "reconfigure_in_place.py",
+)
 
 
 def overlay_installed() -> bool:
-    base = next(b for b in bases.BASES.values() if b.release == bases.parse(torch.__version__))
+    base = next(
+        b for b in bases.BASES.values() if b.release == bases.parse(torch.__version__)
+    )
     status = subprocess.run(
-        [sys.executable, "-m", "torch_overlay", "status", "--repo", str(REPO), "--base", base.name],
+        [
+            sys.executable,
+            "-m",
+            "torch_overlay",
+            "status",
+            "--repo",
+            str(REPO),
+            "--base",
+            base.name,
+        ],
         capture_output=True,
         text=True,
     )
@@ -32,18 +48,31 @@ def overlay_installed() -> bool:
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_reproduction(script):
-    if script == "reconfigure_in_place.py" and not hasattr(torch.distributed, "_reconfigure"):
-        pytest.skip(f"torch {torch.__version__} cannot reconfigure a group in place (2.14 can)")
+    if script == "reconfigure_in_place.py" and not hasattr(
+        torch.distributed, "_reconfigure"
+    ):
+        pytest.skip(
+            f"torch {torch.__version__} cannot reconfigure a group in place (2.14 can)"
+        )
     series = overlay_installed()
     if not series and not hasattr(DistributedDataParallel, "_update_process_group"):
-        pytest.skip(f"stock torch {torch.__version__} has no _update_process_group to reproduce a bug of")
-    result = subprocess.run([sys.executable, str(REPRO / script)], capture_output=True, text=True, timeout=300)
+        pytest.skip(
+            f"stock torch {torch.__version__} has no _update_process_group to reproduce a bug of"
+        )
+    result = subprocess.run(
+        [sys.executable, str(REPRO / script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if series:
         assert result.returncode == 0, result.stdout + result.stderr[-3000:]
         assert "ok: the gradients are right" in result.stdout
     else:
         assert result.returncode == 1, result.stdout + result.stderr[-3000:]
-        assert "WRONG: the gradients are not the average over the ranks" in result.stdout
+        assert (
+            "WRONG: the gradients are not the average over the ranks" in result.stdout
+        )
 
 
 @pytest.mark.parametrize("script", SCRIPTS + ("common.py",))

@@ -24,7 +24,10 @@ def _wheel_originals():
     torch = overlay.Torch.find()
     manifest = overlay.Manifest.read(torch.site_packages)
     applied = series.read_series(PATCHES, torch.site_packages).applied
-    return {series.installed_path(p): data for p, data in overlay.originals(torch, manifest, applied).items()}
+    return {
+        series.installed_path(p): data
+        for p, data in overlay.originals(torch, manifest, applied).items()
+    }
 
 
 WHEEL_ORIGINALS = _wheel_originals()
@@ -69,7 +72,9 @@ def fake_command(bin_dir, name, body="exit 0"):
 
 
 def git(tree, *args):
-    return subprocess.run(GIT + ["-C", str(tree), *args], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        GIT + ["-C", str(tree), *args], capture_output=True, text=True, check=True
+    ).stdout
 
 
 @pytest.fixture
@@ -82,7 +87,9 @@ def pytorch_tree(tmp_path):
         **{path: stand_in(path) for path in series.SOURCE_ONLY},
     }
     for installed, data in WHEEL_ORIGINALS.items():
-        (tree / installed.removeprefix("torch/include/")).parent.mkdir(parents=True, exist_ok=True)
+        (tree / installed.removeprefix("torch/include/")).parent.mkdir(
+            parents=True, exist_ok=True
+        )
         (tree / installed.removeprefix("torch/include/")).write_bytes(data)
     for path, text in files.items():
         (tree / path).parent.mkdir(parents=True, exist_ok=True)

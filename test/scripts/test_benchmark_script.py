@@ -11,7 +11,9 @@ benchmark = load_script("benchmark")
 
 
 def chosen(base, *, resume=False, recovery=False):
-    return benchmark.chosen_benchmark(argparse.Namespace(base=bases.get(base), resume=resume, recovery=recovery))
+    return benchmark.chosen_benchmark(
+        argparse.Namespace(base=bases.get(base), resume=resume, recovery=recovery)
+    )
 
 
 def test_each_base_runs_its_benchmark():
@@ -28,6 +30,7 @@ def test_recovery_on_a_base_without_reconfiguration_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
         chosen(bases.DEFAULT, recovery=True)
     assert exit_info.value.code == 2
-    assert f"needs torch 2.14 or later (in-place reconfiguration, torchft); use --base {bases.LATEST}" in (
-        capsys.readouterr().err
+    assert (
+        f"needs torch 2.14 or later (in-place reconfiguration, torchft); use --base {bases.LATEST}"
+        in (capsys.readouterr().err)
     )

@@ -19,7 +19,9 @@ import _checkout  # noqa: E402
 
 def _header(patch: pathlib.Path, field: str) -> str:
     # Drop format-patch's "From <sha>" separator line.
-    headers = email.parser.Parser().parsestr(patch.read_text().split("\n", 1)[1], headersonly=True)
+    headers = email.parser.Parser().parsestr(
+        patch.read_text().split("\n", 1)[1], headersonly=True
+    )
     return " ".join(headers[field].split())
 
 
@@ -40,7 +42,11 @@ AUTHOR_ENV = ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE")
 def _set_by_the_test(name):
     # The author comes from the checkout's config (conftest.USER), and scripts/build's
     # settings from its defaults, unless a test sets them.
-    return name in AUTHOR_ENV or name.startswith(("USE_", "BUILD_", "CMAKE_")) or name == "MAX_JOBS"
+    return (
+        name in AUTHOR_ENV
+        or name.startswith(("USE_", "BUILD_", "CMAKE_"))
+        or name == "MAX_JOBS"
+    )
 
 
 def script(name, *args, env=None):
@@ -54,7 +60,10 @@ def script(name, *args, env=None):
 
 
 def head(tree):
-    return git(tree, "rev-parse", "HEAD").strip(), git(tree, "rev-parse", "--abbrev-ref", "HEAD").strip()
+    return (
+        git(tree, "rev-parse", "HEAD").strip(),
+        git(tree, "rev-parse", "--abbrev-ref", "HEAD").strip(),
+    )
 
 
 def branches(tree):
@@ -68,7 +77,10 @@ def test_check_reports_and_changes_nothing(pytorch_tree):
     before = head(pytorch_tree)
     result = script("apply", pytorch_tree, "--check")
     assert result.returncode == 0, result.stderr
-    assert f"the {len(SUBJECTS)} patches of the v2.1.2 series apply cleanly to HEAD (version 2.1.0a0)" in result.stdout
+    assert (
+        f"the {len(SUBJECTS)} patches of the v2.1.2 series apply cleanly to HEAD (version 2.1.0a0)"
+        in result.stdout
+    )
     assert result.stderr == ""
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
 
@@ -79,8 +91,14 @@ def test_check_on_a_dirty_tree_warns_that_apply_would_refuse(pytorch_tree):
     result = script("apply", pytorch_tree, "--check")
     assert result.returncode == 0, result.stderr
     assert "apply cleanly to HEAD" in result.stdout
-    assert "apply: warning: " in result.stderr and "has uncommitted changes" in result.stderr
-    assert "without --check would refuse" in result.stderr and "M setup.py" in result.stderr
+    assert (
+        "apply: warning: " in result.stderr
+        and "has uncommitted changes" in result.stderr
+    )
+    assert (
+        "without --check would refuse" in result.stderr
+        and "M setup.py" in result.stderr
+    )
 
 
 @pytest.mark.parametrize("done", [5, len(SUBJECTS) - 1])
@@ -91,11 +109,22 @@ def test_apply_finishes_a_partly_applied_series(pytorch_tree, done):
     assert check.returncode == 0, check.stderr
     held = f"HEAD already holds the first {done} of the {len(patches)} patches of the v2.1.2 series"
     assert held in check.stdout
-    assert f"the {len(patches) - done} remaining patches of the v2.1.2 series apply cleanly" in check.stdout
+    assert (
+        f"the {len(patches) - done} remaining patches of the v2.1.2 series apply cleanly"
+        in check.stdout
+    )
     result = script("apply", pytorch_tree)
     assert result.returncode == 0, result.stderr
-    assert held in result.stdout and f"({patches[0].name} to {patches[done - 1].name})" in result.stdout
-    assert git(pytorch_tree, "log", "--format=%s", f"-{len(SUBJECTS)}", "--reverse").splitlines() == SUBJECTS
+    assert (
+        held in result.stdout
+        and f"({patches[0].name} to {patches[done - 1].name})" in result.stdout
+    )
+    assert (
+        git(
+            pytorch_tree, "log", "--format=%s", f"-{len(SUBJECTS)}", "--reverse"
+        ).splitlines()
+        == SUBJECTS
+    )
     assert "already applied at HEAD" in script("apply", pytorch_tree, "--check").stdout
 
 
@@ -110,23 +139,38 @@ def test_check_warns_that_the_branch_exists(pytorch_tree):
     ) in result.stderr
     assert script("apply", pytorch_tree, "--check", "--branch", "other").stderr == ""
     result = script("apply", pytorch_tree)
-    assert result.returncode == 2 and "branch ddp-update-process-group already exists" in result.stderr
+    assert (
+        result.returncode == 2
+        and "branch ddp-update-process-group already exists" in result.stderr
+    )
 
 
 def test_apply_makes_the_series_commits_on_a_branch(pytorch_tree):
     result = script("apply", pytorch_tree)
     assert result.returncode == 0, result.stderr
     assert "applied: " in result.stdout
-    assert git(pytorch_tree, "rev-parse", "--abbrev-ref", "HEAD").strip() == "ddp-update-process-group"
-    log = git(pytorch_tree, "log", "--format=%s|%an", f"-{len(SUBJECTS)}", "--reverse").splitlines()
+    assert (
+        git(pytorch_tree, "rev-parse", "--abbrev-ref", "HEAD").strip()
+        == "ddp-update-process-group"
+    )
+    log = git(
+        pytorch_tree, "log", "--format=%s|%an", f"-{len(SUBJECTS)}", "--reverse"
+    ).splitlines()
     assert [line.split("|")[0] for line in log] == SUBJECTS
     assert all(line.endswith(f"|{USER[0]}") for line in log)
-    assert "bool Reducer::reset_state() {" in (pytorch_tree / "torch/csrc/distributed/c10d/reducer.cpp").read_text()
-    assert (pytorch_tree / "test/distributed/test_ddp_update_process_group.py").is_file()
+    assert (
+        "bool Reducer::reset_state() {"
+        in (pytorch_tree / "torch/csrc/distributed/c10d/reducer.cpp").read_text()
+    )
+    assert (
+        pytorch_tree / "test/distributed/test_ddp_update_process_group.py"
+    ).is_file()
 
 
 def series_log(tree, branch, fields):
-    return git(tree, "log", "--reverse", f"--format={fields}", f"main..{branch}").splitlines()
+    return git(
+        tree, "log", "--reverse", f"--format={fields}", f"main..{branch}"
+    ).splitlines()
 
 
 def test_apply_makes_the_commits_yours_unless_keep_author(pytorch_tree):
@@ -143,12 +187,22 @@ def test_apply_makes_the_commits_yours_unless_keep_author(pytorch_tree):
     assert "(the series' own, --keep-author)" in result.stdout
     kept = series_log(pytorch_tree, "kept", "%an <%ae>|%aD")
     assert len(kept) == len(SUBJECTS)
-    assert all(line.startswith(f"{SERIES_AUTHOR} <") and "noreply" in line for line in kept)
-    assert [line.split("|")[1] for line in kept] == [_header(p, "Date") for p in sorted(PATCHES.glob("*.patch"))]
+    assert all(
+        line.startswith(f"{SERIES_AUTHOR} <") and "noreply" in line for line in kept
+    )
+    assert [line.split("|")[1] for line in kept] == [
+        _header(p, "Date") for p in sorted(PATCHES.glob("*.patch"))
+    ]
     # Only the authorship differs: the same messages, "[c10d]" subjects and all, and the same trees.
-    messages = git(pytorch_tree, "log", "--reverse", "--format=%B%x00", f"main..{branch}")
-    assert messages == git(pytorch_tree, "log", "--reverse", "--format=%B%x00", "main..kept")
-    assert series_log(pytorch_tree, branch, "%T") == series_log(pytorch_tree, "kept", "%T")
+    messages = git(
+        pytorch_tree, "log", "--reverse", "--format=%B%x00", f"main..{branch}"
+    )
+    assert messages == git(
+        pytorch_tree, "log", "--reverse", "--format=%B%x00", "main..kept"
+    )
+    assert series_log(pytorch_tree, branch, "%T") == series_log(
+        pytorch_tree, "kept", "%T"
+    )
 
 
 def test_apply_author_from_the_environment_wins(pytorch_tree):
@@ -159,14 +213,19 @@ def test_apply_author_from_the_environment_wins(pytorch_tree):
     assert authors == ["Env Person <env@example.com>"] * len(SUBJECTS)
 
 
-def test_apply_leaves_the_checkout_as_it_was_when_the_author_cannot_be_reset(pytorch_tree):
+def test_apply_leaves_the_checkout_as_it_was_when_the_author_cannot_be_reset(
+    pytorch_tree,
+):
     hook = pytorch_tree / ".git" / "hooks" / "pre-rebase"
     hook.write_text("#!/bin/sh\necho no rebasing here >&2\nexit 1\n")
     hook.chmod(0o755)
     before = head(pytorch_tree)
     result = script("apply", pytorch_tree)
     assert result.returncode == 2
-    assert "could not make the applied commits yours" in result.stderr and "no rebasing here" in result.stderr
+    assert (
+        "could not make the applied commits yours" in result.stderr
+        and "no rebasing here" in result.stderr
+    )
     assert "back on main, as it was" in result.stderr
     # Not a conflict: no advice on resolving one.
     assert "three-way merge" not in result.stderr
@@ -199,16 +258,29 @@ def commit_a_conflict(tree):
     # A line that the series changes too: even a three-way merge cannot reconcile them.
     ddp = tree / "torch/nn/parallel/distributed.py"
     line = "    from torch.distributed.distributed_c10d import _get_default_group, ReduceOp\n"
-    ddp.write_text(ddp.read_text().replace(line, line.replace("ReduceOp", "ReduceOp, Work"), 1))
+    ddp.write_text(
+        ddp.read_text().replace(line, line.replace("ReduceOp", "ReduceOp, Work"), 1)
+    )
     git(tree, "commit", "-qam", "a local change where the series changes the file")
 
 
 def assert_names_the_conflict(stderr):
-    assert "0002-DDP-Add-DistributedDataParallel._update_process_grou.patch does not apply" in stderr
+    assert (
+        "0002-DDP-Add-DistributedDataParallel._update_process_grou.patch does not apply"
+        in stderr
+    )
     assert "the hunk at torch/nn/parallel/distributed.py:22 does not match" in stderr
-    assert "CONFLICT (content): Merge conflict in torch/nn/parallel/distributed.py" in stderr
+    assert (
+        "CONFLICT (content): Merge conflict in torch/nn/parallel/distributed.py"
+        in stderr
+    )
     # scripts/apply has aborted: git am's advice on going on is not for the user.
-    for hint in ('run "git am --continue"', "git am --skip", "git am --abort", "git am --show-current-patch"):
+    for hint in (
+        'run "git am --continue"',
+        "git am --skip",
+        "git am --abort",
+        "git am --show-current-patch",
+    ):
         assert hint not in stderr
 
 
@@ -221,16 +293,25 @@ def test_conflict_aborts_cleanly_and_names_the_hunk(pytorch_tree):
     assert "back on main, as it was" in result.stderr
     # The next step: the series by hand, with a three-way merge.
     series = REPO / "patches" / "v2.1.2"
-    assert f"  cd {pytorch_tree} && git switch -c ddp-update-process-group\n" in result.stderr
+    assert (
+        f"  cd {pytorch_tree} && git switch -c ddp-update-process-group\n"
+        in result.stderr
+    )
     assert f"  git am --3way --keep-non-patch {series}/*.patch\n" in result.stderr
     assert "edit torch/nn/parallel/distributed.py to keep both changes" in result.stderr
-    assert "  git rebase --exec 'git commit --amend --no-edit" in result.stderr and f" {before[0]}\n" in result.stderr
+    assert (
+        "  git rebase --exec 'git commit --amend --no-edit" in result.stderr
+        and f" {before[0]}\n" in result.stderr
+    )
     assert f"scripts/submit {pytorch_tree} --base v2.1.2 --dry-run" in result.stderr
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
     assert git(pytorch_tree, "status", "--porcelain") == ""
     assert not (pytorch_tree / ".git" / "rebase-apply").exists()
     check = script("apply", pytorch_tree, "--check")
-    assert check.returncode == 2 and "the hunk at torch/nn/parallel/distributed.py:22" in check.stderr
+    assert (
+        check.returncode == 2
+        and "the hunk at torch/nn/parallel/distributed.py:22" in check.stderr
+    )
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
     assert git(pytorch_tree, "worktree", "list").count("\n") == 1
 
@@ -255,7 +336,10 @@ def test_untracked_file_in_the_way_is_named(pytorch_tree):
     before = head(pytorch_tree)
     result = script("apply", pytorch_tree)
     assert result.returncode == 2
-    assert "has untracked files in the way of files that the series creates" in result.stderr
+    assert (
+        "has untracked files in the way of files that the series creates"
+        in result.stderr
+    )
     assert f"\n  {created}\n" in result.stderr + "\n"
     assert "hunk" not in result.stderr
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
@@ -263,7 +347,10 @@ def test_untracked_file_in_the_way_is_named(pytorch_tree):
     check = script("apply", pytorch_tree, "--check")
     assert check.returncode == 0, check.stderr
     assert "apply cleanly to HEAD" in check.stdout
-    assert "apply: warning: scripts/apply without --check would stop" in check.stderr and created in check.stderr
+    assert (
+        "apply: warning: scripts/apply without --check would stop" in check.stderr
+        and created in check.stderr
+    )
     # An ignored file is not in the way: git overwrites it.
     (pytorch_tree / ".git" / "info" / "exclude").write_text(created + "\n")
     assert script("apply", pytorch_tree).returncode == 0
@@ -276,12 +363,17 @@ def test_not_a_pytorch_tree(tmp_path):
     subprocess.run(GIT + ["init", "-q", str(plain)], check=True)
     result = script("apply", plain)
     assert result.returncode == 2
-    assert "is not a PyTorch source tree: it has no setup.py, version.txt" in result.stderr
+    assert (
+        "is not a PyTorch source tree: it has no setup.py, version.txt" in result.stderr
+    )
 
 
 def test_already_upstream(pytorch_tree):
     ddp = pytorch_tree / "torch/nn/parallel/distributed.py"
-    ddp.write_text(ddp.read_text() + "\n    def _update_process_group(self, new_process_group):\n        pass\n")
+    ddp.write_text(
+        ddp.read_text()
+        + "\n    def _update_process_group(self, new_process_group):\n        pass\n"
+    )
     (pytorch_tree / "version.txt").write_text("2.2.0a0\n")
     git(pytorch_tree, "commit", "-qam", "upstream has it")
     result = script("apply", pytorch_tree)
@@ -296,9 +388,16 @@ def test_apply_takes_the_base(pytorch_tree):
     result = script("apply", pytorch_tree, "--check", "--base", "v2.14.1")
     # The upstream series may not be written yet; either way, this 2.1 tree is not for it.
     assert result.returncode == 2
-    assert "no patches in " in result.stderr or f"the series that adds it is --base {bases.DEFAULT}" in result.stderr
+    assert (
+        "no patches in " in result.stderr
+        or f"the series that adds it is --base {bases.DEFAULT}" in result.stderr
+    )
     result = script("apply", pytorch_tree, "--base", "v1.0")
-    assert result.returncode == 2 and "no series for the base 'v1.0'; the bases are v2.1.2, v2.14.1" in result.stderr
+    assert (
+        result.returncode == 2
+        and "no series for the base 'v1.0'; the bases are v2.1.2, v2.14.1"
+        in result.stderr
+    )
 
 
 API = "\n    def _update_process_group(self, new_process_group):\n        pass\n"
@@ -324,7 +423,12 @@ def test_tree_state(base, version, api, state):
     [
         ("v2.1.2", "2.0.1", False, "needs torch 2.1.x"),
         ("v2.14.1", "2.13.0", True, "version 2.13.0 is older than v2.14.1"),
-        ("v2.14.1", "2.1.0a0", False, "has no DistributedDataParallel._update_process_group of its own"),
+        (
+            "v2.14.1",
+            "2.1.0a0",
+            False,
+            "has no DistributedDataParallel._update_process_group of its own",
+        ),
         ("v2.14.1", "2.1.0a0", False, f"--base {bases.DEFAULT}"),
     ],
 )
@@ -341,7 +445,12 @@ def test_state_with_the_api_upstream(pytorch_tree, tmp_path):
     git(pytorch_tree, "commit", "-qam", "main after v2.14.1")
     ddp.write_text(ddp.read_text().replace("        pass\n", "        return None\n"))
     git(pytorch_tree, "commit", "-qam", "[DDP] a fix")
-    patches = [pathlib.Path(p) for p in git(pytorch_tree, "format-patch", "-1", "-o", str(tmp_path / "series")).split()]
+    patches = [
+        pathlib.Path(p)
+        for p in git(
+            pytorch_tree, "format-patch", "-1", "-o", str(tmp_path / "series")
+        ).split()
+    ]
     tree = _checkout.Checkout.open(pytorch_tree)
     upstream = bases.get("v2.14.1")
     assert tree.state(upstream, patches) == "applied"
@@ -350,7 +459,10 @@ def test_state_with_the_api_upstream(pytorch_tree, tmp_path):
     assert tree.state(BASE, _checkout.patch_files(BASE)) == "upstream"
     (pytorch_tree / "version.txt").write_text("2.13.0\n")
     git(pytorch_tree, "commit", "-qam", "an older release")
-    with pytest.raises(_checkout.CheckoutError, match=f"{pytorch_tree}: version 2.13.0 is older than v2.14.1"):
+    with pytest.raises(
+        _checkout.CheckoutError,
+        match=f"{pytorch_tree}: version 2.13.0 is older than v2.14.1",
+    ):
         tree.state(upstream, patches)
 
 
@@ -365,7 +477,11 @@ def test_other_release_is_refused(pytorch_tree):
 
 
 def fake_nvcc(bin_dir, release):
-    return fake_command(bin_dir, "nvcc", f"echo 'Cuda compilation tools, release {release}, V{release}.1'")
+    return fake_command(
+        bin_dir,
+        "nvcc",
+        f"echo 'Cuda compilation tools, release {release}, V{release}.1'",
+    )
 
 
 def dry_run_env(tmp_path, *tools, **settings):
@@ -377,7 +493,9 @@ def dry_run_env(tmp_path, *tools, **settings):
 
 
 def test_build_dry_run_cpu(pytorch_tree, tmp_path):
-    result = script("build", pytorch_tree, "--dry-run", "--jobs", "2", env=dry_run_env(tmp_path))
+    result = script(
+        "build", pytorch_tree, "--dry-run", "--jobs", "2", env=dry_run_env(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "CUDA toolkit: none found, building for CPU (Gloo only)" in lines
@@ -393,11 +511,19 @@ def test_build_dry_run_cuda_ccache_tests(pytorch_tree, tmp_path):
     assert script("apply", pytorch_tree).returncode == 0
     nvcc = fake_nvcc(tmp_path / "bin", "12.1")
     env = dry_run_env(tmp_path, "ccache")
-    result = script("build", pytorch_tree, "--dry-run", "--with-tests", "--jobs", "7", env=env)
+    result = script(
+        "build", pytorch_tree, "--dry-run", "--with-tests", "--jobs", "7", env=env
+    )
     assert result.returncode == 0, result.stderr
     assert f"CUDA toolkit: {nvcc} (CUDA 12.1)\n" in result.stdout
-    assert "USE_CUDA=1 USE_NCCL=1 MAX_JOBS=7 BUILD_TEST=1 CMAKE_C_COMPILER_LAUNCHER=ccache" in result.stdout
-    assert "CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache" in result.stdout
+    assert (
+        "USE_CUDA=1 USE_NCCL=1 MAX_JOBS=7 BUILD_TEST=1 CMAKE_C_COMPILER_LAUNCHER=ccache"
+        in result.stdout
+    )
+    assert (
+        "CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+        in result.stdout
+    )
     assert "not applied" not in result.stdout
 
 
@@ -407,28 +533,61 @@ def env_line(stdout):
 
 def test_build_user_settings_win(pytorch_tree, tmp_path):
     fake_nvcc(tmp_path / "bin", "12.1")
-    settings = {"USE_CUDA": "0", "MAX_JOBS": "3", "BUILD_TEST": "1", "CMAKE_BUILD_TYPE": "RelWithDebInfo"}
-    result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path, "ccache", **settings))
+    settings = {
+        "USE_CUDA": "0",
+        "MAX_JOBS": "3",
+        "BUILD_TEST": "1",
+        "CMAKE_BUILD_TYPE": "RelWithDebInfo",
+    }
+    result = script(
+        "build",
+        pytorch_tree,
+        "--dry-run",
+        env=dry_run_env(tmp_path, "ccache", **settings),
+    )
     assert result.returncode == 0, result.stderr
-    assert "CUDA: not used (USE_CUDA=0 from your environment), building for CPU (Gloo only)" in result.stdout
+    assert (
+        "CUDA: not used (USE_CUDA=0 from your environment), building for CPU (Gloo only)"
+        in result.stdout
+    )
     assert "USE_CUDA=0 USE_NCCL=0 MAX_JOBS=3 BUILD_TEST=1 " in env_line(result.stdout)
     assert "CMAKE_C_COMPILER_LAUNCHER=ccache" in env_line(result.stdout)
     assert "CMAKE_BUILD_TYPE=RelWithDebInfo" in env_line(result.stdout)
-    from_user = next(line for line in result.stdout.splitlines() if line.startswith("from your environment"))
-    assert sorted(from_user.split(": ", 1)[1].split()) == sorted(f"{k}={v}" for k, v in settings.items())
+    from_user = next(
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith("from your environment")
+    )
+    assert sorted(from_user.split(": ", 1)[1].split()) == sorted(
+        f"{k}={v}" for k, v in settings.items()
+    )
     # The command line is more explicit than the environment.
-    result = script("build", pytorch_tree, "--dry-run", "--jobs", "5", env=dry_run_env(tmp_path, MAX_JOBS="3"))
-    assert "MAX_JOBS=5" in env_line(result.stdout) and "from your environment" not in result.stdout
+    result = script(
+        "build",
+        pytorch_tree,
+        "--dry-run",
+        "--jobs",
+        "5",
+        env=dry_run_env(tmp_path, MAX_JOBS="3"),
+    )
+    assert (
+        "MAX_JOBS=5" in env_line(result.stdout)
+        and "from your environment" not in result.stdout
+    )
 
 
 def test_build_user_can_keep_nccl_off_with_cuda(pytorch_tree, tmp_path):
     fake_nvcc(tmp_path / "bin", "12.1")
-    result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path, USE_NCCL="0"))
+    result = script(
+        "build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path, USE_NCCL="0")
+    )
     assert result.returncode == 0, result.stderr
     assert " USE_CUDA=1 USE_NCCL=0 " in env_line(result.stdout)
 
 
-def test_build_does_not_use_a_cuda_newer_than_the_base_builds_with(pytorch_tree, tmp_path):
+def test_build_does_not_use_a_cuda_newer_than_the_base_builds_with(
+    pytorch_tree, tmp_path
+):
     nvcc = fake_nvcc(tmp_path / "bin", "12.4")
     result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -436,32 +595,51 @@ def test_build_does_not_use_a_cuda_newer_than_the_base_builds_with(pytorch_tree,
         f"CUDA toolkit: {nvcc} is CUDA 12.4, newer than CUDA 12.1, the newest that PyTorch 2.1 (v2.1.2) builds with; "
         "not using it, building for CPU (Gloo only)"
     ) in result.stdout
-    assert "point CUDA_HOME at a CUDA 12.1 or older toolkit (CUDA_HOME=/usr/local/cuda-12.1 scripts/build" in (
-        result.stdout
+    assert (
+        "point CUDA_HOME at a CUDA 12.1 or older toolkit (CUDA_HOME=/usr/local/cuda-12.1 scripts/build"
+        in (result.stdout)
     )
     assert " USE_CUDA=0 USE_NCCL=0 " in env_line(result.stdout)
     # A supported toolkit under CUDA_HOME comes before the one on PATH.
     home = tmp_path / "cuda-12.1"
     supported = fake_nvcc(home / "bin", "12.1")
-    result = script("build", pytorch_tree, "--dry-run", env={**dry_run_env(tmp_path), "CUDA_HOME": str(home)})
+    result = script(
+        "build",
+        pytorch_tree,
+        "--dry-run",
+        env={**dry_run_env(tmp_path), "CUDA_HOME": str(home)},
+    )
     assert f"CUDA toolkit: {supported} (CUDA 12.1)\n" in result.stdout
     assert " USE_CUDA=1 USE_NCCL=1 " in env_line(result.stdout)
 
 
 def test_build_refuses_use_cuda_with_a_toolkit_too_new(pytorch_tree, tmp_path):
     fake_nvcc(tmp_path / "bin", "12.4")
-    result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path, USE_CUDA="1"))
+    result = script(
+        "build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path, USE_CUDA="1")
+    )
     assert result.returncode == 2
     assert "build: error: USE_CUDA=1 is set, but the CUDA toolkit at " in result.stderr
-    assert "is CUDA 12.4, newer than CUDA 12.1" in result.stderr and "CUDA_HOME=/usr/local/cuda-12.1" in result.stderr
+    assert (
+        "is CUDA 12.4, newer than CUDA 12.1" in result.stderr
+        and "CUDA_HOME=/usr/local/cuda-12.1" in result.stderr
+    )
     assert "env " not in result.stdout
 
 
 def test_build_refuses_a_cuda_home_without_a_toolkit(pytorch_tree, tmp_path):
     missing = tmp_path / "cuda-12.1"
-    result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path, CUDA_HOME=str(missing)))
+    result = script(
+        "build",
+        pytorch_tree,
+        "--dry-run",
+        env=dry_run_env(tmp_path, CUDA_HOME=str(missing)),
+    )
     assert result.returncode == 2
-    assert f"CUDA_HOME={missing} does not exist: point it at a CUDA toolkit, or unset it" in result.stderr
+    assert (
+        f"CUDA_HOME={missing} does not exist: point it at a CUDA toolkit, or unset it"
+        in result.stderr
+    )
 
 
 def test_build_dry_run_says_what_would_fail(pytorch_tree, tmp_path):
@@ -469,26 +647,70 @@ def test_build_dry_run_says_what_would_fail(pytorch_tree, tmp_path):
     module = tmp_path / "gloo"
     subprocess.run(GIT + ["init", "-q", str(module)], check=True)
     git(module, "commit", "-q", "--allow-empty", "-m", "gloo")
-    git(pytorch_tree, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(module), "third_party/gloo")
+    git(
+        pytorch_tree,
+        "-c",
+        "protocol.file.allow=always",
+        "submodule",
+        "add",
+        "-q",
+        str(module),
+        "third_party/gloo",
+    )
     git(pytorch_tree, "commit", "-qm", "gloo")
     git(pytorch_tree, "submodule", "deinit", "-q", "-f", "third_party/gloo")
     # An interpreter without PyYAML, which setup.py imports.
-    python = fake_command(tmp_path / "fake", "python", 'case "$2" in *find_spec*) echo yaml ;; esac')
-    result = script("build", pytorch_tree, "--dry-run", "--python", python, env=dry_run_env(tmp_path))
+    python = fake_command(
+        tmp_path / "fake", "python", 'case "$2" in *find_spec*) echo yaml ;; esac'
+    )
+    result = script(
+        "build",
+        pytorch_tree,
+        "--dry-run",
+        "--python",
+        python,
+        env=dry_run_env(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     assert (
         "build: warning: the build would fail: submodules not checked out (third_party/gloo): run git -C "
         f"{pytorch_tree} submodule update --init --recursive"
     ) in result.stderr
-    assert f"{python} cannot import yaml, which setup.py needs: run {python} -m pip install -r" in result.stderr
-    result = script("build", pytorch_tree, "--python", python, env=dry_run_env(tmp_path))
-    assert result.returncode == 2 and "the build would fail:\n  submodules not checked out" in result.stderr
+    assert (
+        f"{python} cannot import yaml, which setup.py needs: run {python} -m pip install -r"
+        in result.stderr
+    )
+    result = script(
+        "build", pytorch_tree, "--python", python, env=dry_run_env(tmp_path)
+    )
+    assert (
+        result.returncode == 2
+        and "the build would fail:\n  submodules not checked out" in result.stderr
+    )
     # Checked out, then moved to another commit than the one recorded.
-    git(pytorch_tree, "-c", "protocol.file.allow=always", "submodule", "update", "-q", "--init")
+    git(
+        pytorch_tree,
+        "-c",
+        "protocol.file.allow=always",
+        "submodule",
+        "update",
+        "-q",
+        "--init",
+    )
     git(module, "commit", "-q", "--allow-empty", "-m", "newer")
-    git(pytorch_tree / "third_party" / "gloo", "-c", "protocol.file.allow=always", "pull", "-q", str(module))
+    git(
+        pytorch_tree / "third_party" / "gloo",
+        "-c",
+        "protocol.file.allow=always",
+        "pull",
+        "-q",
+        str(module),
+    )
     result = script("build", pytorch_tree, "--dry-run", env=dry_run_env(tmp_path))
-    assert "submodules at other commits than the checkout records (third_party/gloo)" in result.stderr
+    assert (
+        "submodules at other commits than the checkout records (third_party/gloo)"
+        in result.stderr
+    )
 
 
 def test_build_dry_run_says_when_cmake_is_missing(pytorch_tree, tmp_path):
@@ -496,13 +718,26 @@ def test_build_dry_run_says_when_cmake_is_missing(pytorch_tree, tmp_path):
     only_git = tmp_path / "only-git"
     only_git.mkdir()
     (only_git / "git").symlink_to(shutil.which("git"))
-    result = script("build", pytorch_tree, "--dry-run", env={**dry_run_env(tmp_path), "PATH": str(only_git)})
+    result = script(
+        "build",
+        pytorch_tree,
+        "--dry-run",
+        env={**dry_run_env(tmp_path), "PATH": str(only_git)},
+    )
     assert result.returncode == 0, result.stderr
     assert "the build would fail: neither cmake nor cmake3 is on PATH" in result.stderr
     # cmake3 alone does, as PyTorch's build takes it.
     fake_command(tmp_path / "cmake3-bin", "cmake3")
     path = os.pathsep.join([str(only_git), str(tmp_path / "cmake3-bin")])
-    assert "cmake" not in script("build", pytorch_tree, "--dry-run", env={**dry_run_env(tmp_path), "PATH": path}).stderr
+    assert (
+        "cmake"
+        not in script(
+            "build",
+            pytorch_tree,
+            "--dry-run",
+            env={**dry_run_env(tmp_path), "PATH": path},
+        ).stderr
+    )
 
 
 def test_build_refuses_a_non_pytorch_tree(tmp_path):
@@ -518,9 +753,12 @@ GITHUB = "https://github.com/our-team/pytorch.git"
 @pytest.fixture
 def published(pytorch_tree, tmp_path):
     """pytorch_tree, cloned from a bare remote, origin, whose default branch is main; origin's
-    push URL is on GitHub, as ghstack reads it, and it fetches from the local bare repository."""
+    push URL is on GitHub, as ghstack reads it, and it fetches from the local bare repository.
+    """
     remote = tmp_path / "remote.git"
-    subprocess.run(GIT + ["clone", "-q", "--bare", str(pytorch_tree), str(remote)], check=True)
+    subprocess.run(
+        GIT + ["clone", "-q", "--bare", str(pytorch_tree), str(remote)], check=True
+    )
     git(pytorch_tree, "remote", "add", "origin", str(remote))
     git(pytorch_tree, "fetch", "-q", "origin")
     git(pytorch_tree, "remote", "set-head", "origin", "main")
@@ -534,11 +772,22 @@ def submit_env(tmp_path):
     repository is a fork (FAKE_GH_FORK), and a home without a .ghstackrc."""
     bin_dir = tmp_path / "submit-bin"
     log = tmp_path / "ghstack.log"
-    fake_command(bin_dir, "ghstack", f'pwd > {log}\nfor arg in "$@"; do echo "$arg" >> {log}; done')
-    fake_command(bin_dir, "gh", f'echo "$@" > {tmp_path / "gh.log"}\necho "$FAKE_GH_FORK"')
+    fake_command(
+        bin_dir,
+        "ghstack",
+        f'pwd > {log}\nfor arg in "$@"; do echo "$arg" >> {log}; done',
+    )
+    fake_command(
+        bin_dir, "gh", f'echo "$@" > {tmp_path / "gh.log"}\necho "$FAKE_GH_FORK"'
+    )
     (tmp_path / "home").mkdir()
     path = os.pathsep.join([str(bin_dir), "/usr/bin", "/bin"])
-    return {"PATH": path, "HOME": str(tmp_path / "home"), "GHSTACKRC_PATH": "", "FAKE_GH_FORK": "false"}
+    return {
+        "PATH": path,
+        "HOME": str(tmp_path / "home"),
+        "GHSTACKRC_PATH": "",
+        "FAKE_GH_FORK": "false",
+    }
 
 
 def ghstack_call(tmp_path):
@@ -557,7 +806,9 @@ def commit_file(tree, name, message):
     return git(tree, "rev-parse", "HEAD").strip()
 
 
-def test_submit_dry_run_prints_the_command_and_the_stack(published, submit_env, tmp_path):
+def test_submit_dry_run_prints_the_command_and_the_stack(
+    published, submit_env, tmp_path
+):
     assert script("apply", published).returncode == 0
     result = script("submit", published, "--dry-run", env=submit_env)
     assert result.returncode == 0, result.stderr
@@ -567,14 +818,26 @@ def test_submit_dry_run_prints_the_command_and_the_stack(published, submit_env, 
         f"ghstack would submit the {len(SUBJECTS)} commits on ddp-update-process-group in {published} that are "
         "not on origin/main (git rev-list HEAD ^origin/main), oldest first:"
     ) in out
-    commits = [line for line in out.splitlines() if line.startswith("  ") and not line.startswith("      ")]
+    commits = [
+        line
+        for line in out.splitlines()
+        if line.startswith("  ") and not line.startswith("      ")
+    ]
     listed = [line.split(" ", 3)[3] for line in commits]
     assert listed == SUBJECTS
     assert "      torch/csrc/distributed/c10d/reducer.cpp" in out
     assert "      test/distributed/test_ddp_update_process_group.py" in out
-    assert f"command: cd {shlex.quote(str(published))} && ghstack submit --base main\n" in out
+    assert (
+        f"command: cd {shlex.quote(str(published))} && ghstack submit --base main\n"
+        in out
+    )
     assert out.rstrip().endswith("dry run: nothing submitted")
-    assert (tmp_path / "gh.log").read_text().split() == ["api", "repos/our-team/pytorch", "--jq", ".fork"]
+    assert (tmp_path / "gh.log").read_text().split() == [
+        "api",
+        "repos/our-team/pytorch",
+        "--jq",
+        ".fork",
+    ]
     assert ghstack_call(tmp_path) is None
 
 
@@ -595,10 +858,19 @@ def test_submit_refuses_commits_that_are_not_the_series(published, submit_env):
     assert result.returncode == 2
     what = f"the {len(SUBJECTS) + 2} commits that ghstack would submit (git rev-list HEAD ^origin/main)"
     assert what in result.stderr
-    assert "are not exactly the v2.1.2 series:\n  commits that are not in the series:\n" in result.stderr
-    assert f"    {below[:12]} a release-only fix\n    {above[:12]} something else\n" in result.stderr
+    assert (
+        "are not exactly the v2.1.2 series:\n  commits that are not in the series:\n"
+        in result.stderr
+    )
+    assert (
+        f"    {below[:12]} a release-only fix\n    {above[:12]} something else\n"
+        in result.stderr
+    )
     assert "patches that no commit holds" not in result.stderr
-    assert "on top of origin/main: run scripts/apply on a checkout of origin/main" in result.stderr
+    assert (
+        "on top of origin/main: run scripts/apply on a checkout of origin/main"
+        in result.stderr
+    )
 
 
 def test_submit_names_the_missing_patches(published, submit_env):
@@ -631,10 +903,23 @@ def test_submit_refuses_the_series_on_a_tree_it_is_not_for(published, submit_env
     git(published, "commit", "-qam", "upstream has it")
     push(published, "main")
     # scripts/apply says the series is not needed here; git am applies it all the same.
-    subprocess.run(GIT + ["-C", str(published), "am", "-q", *map(str, sorted(PATCHES.glob("*.patch")))], check=True)
+    subprocess.run(
+        GIT
+        + [
+            "-C",
+            str(published),
+            "am",
+            "-q",
+            *map(str, sorted(PATCHES.glob("*.patch"))),
+        ],
+        check=True,
+    )
     result = script("submit", published, "--dry-run", env=submit_env)
     assert result.returncode == 2
-    assert "origin/main (version 2.1.0a0) already has DistributedDataParallel._update_process_group" in result.stderr
+    assert (
+        "origin/main (version 2.1.0a0) already has DistributedDataParallel._update_process_group"
+        in result.stderr
+    )
     assert f"--base {bases.LATEST}" in result.stderr
 
 
@@ -653,7 +938,10 @@ def test_submit_follows_the_remote_default_branch(published, submit_env):
     git(published, "remote", "set-head", "origin", "--delete")
     result = script("submit", published, "--dry-run", env=submit_env)
     assert result.returncode == 2
-    assert "(git rev-list HEAD ^origin/main)" in result.stderr and f"    {fix[:12]} the team's fix\n" in result.stderr
+    assert (
+        "(git rev-list HEAD ^origin/main)" in result.stderr
+        and f"    {fix[:12]} the team's fix\n" in result.stderr
+    )
 
 
 def test_submit_refuses_a_fork(published, submit_env, tmp_path):
@@ -669,7 +957,9 @@ def test_submit_refuses_a_fork(published, submit_env, tmp_path):
     assert ghstack_call(tmp_path) is None
 
 
-def test_submit_warns_that_it_cannot_check_for_a_fork_without_gh(published, submit_env, tmp_path):
+def test_submit_warns_that_it_cannot_check_for_a_fork_without_gh(
+    published, submit_env, tmp_path
+):
     assert script("apply", published).returncode == 0
     (tmp_path / "submit-bin" / "gh").unlink()
     result = script("submit", published, "--dry-run", env=submit_env)
@@ -684,11 +974,19 @@ def test_submit_uses_the_remote_that_ghstack_uses(published, submit_env, tmp_pat
     assert script("apply", published).returncode == 0
     rc = tmp_path / "home" / ".ghstackrc"
     rc.write_text("[ghstack]\nremote_name = upstream\n")
-    result = script("submit", published, "--dry-run", "--remote", "origin", env=submit_env)
+    result = script(
+        "submit", published, "--dry-run", "--remote", "origin", env=submit_env
+    )
     assert result.returncode == 2
-    assert f"ghstack would submit to the remote upstream (remote_name in {rc}), not origin" in result.stderr
+    assert (
+        f"ghstack would submit to the remote upstream (remote_name in {rc}), not origin"
+        in result.stderr
+    )
     result = script("submit", published, "--dry-run", env=submit_env)
-    assert result.returncode == 2 and "has no remote upstream, which ghstack submits to" in result.stderr
+    assert (
+        result.returncode == 2
+        and "has no remote upstream, which ghstack submits to" in result.stderr
+    )
     git(published, "remote", "rename", "origin", "upstream")
     result = script("submit", published, "--dry-run", env=submit_env)
     assert result.returncode == 0, result.stderr
@@ -722,10 +1020,21 @@ def test_submit_dry_run_says_that_ghstack_is_missing(published, submit_env, tmp_
 
 
 @pytest.mark.parametrize("dry_run", [True, False])
-def test_submit_refuses_the_release_series_for_pytorch(published, submit_env, tmp_path, dry_run):
+def test_submit_refuses_the_release_series_for_pytorch(
+    published, submit_env, tmp_path, dry_run
+):
     assert script("apply", published).returncode == 0
-    git(published, "remote", "set-url", "--push", "origin", "git@github.com:pytorch/pytorch.git")
-    result = script("submit", published, *(["--dry-run"] if dry_run else []), env=submit_env)
+    git(
+        published,
+        "remote",
+        "set-url",
+        "--push",
+        "origin",
+        "git@github.com:pytorch/pytorch.git",
+    )
+    result = script(
+        "submit", published, *(["--dry-run"] if dry_run else []), env=submit_env
+    )
     assert result.returncode == 2
     assert (
         f"origin is pytorch/pytorch on GitHub, and the {BASE.name} series never goes there: it is for a release "
@@ -741,8 +1050,14 @@ def test_torch_src_dry_run_lists_the_runs(pytorch_tree):
     result = script("test", "--torch-src", pytorch_tree, "--dry-run")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "# ours, source build\n(out=$(mktemp -d) && " in out and str(REPO / "test" / "distributed") in out
-    assert "# upstream test_c10d_gloo.py\n(out=$(mktemp -d) && " in out and f" && cd {pytorch_tree} && " in out
+    assert (
+        "# ours, source build\n(out=$(mktemp -d) && " in out
+        and str(REPO / "test" / "distributed") in out
+    )
+    assert (
+        "# upstream test_c10d_gloo.py\n(out=$(mktemp -d) && " in out
+        and f" && cd {pytorch_tree} && " in out
+    )
     # release/2.1's run_test.py runs Gloo with 3 ranks on a machine without 2 GPUs.
     assert "# upstream DDP cases, gloo, world size 3\n(out=$(mktemp -d) && " in out
     assert "BACKEND=gloo WORLD_SIZE=3 INIT_METHOD=env://" in out
@@ -752,7 +1067,16 @@ def test_torch_src_dry_run_lists_the_runs(pytorch_tree):
 
 def test_torch_src_dry_run_commands_run_as_printed(pytorch_tree, tmp_path):
     # -k reaches every printed command; this one selects no test, so the paste runs fast.
-    result = script("test", "--torch-src", pytorch_tree, "--dry-run", "--python", sys.executable, "-k", "no_such_case")
+    result = script(
+        "test",
+        "--torch-src",
+        pytorch_tree,
+        "--dry-run",
+        "--python",
+        sys.executable,
+        "-k",
+        "no_such_case",
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     ours = lines[lines.index("# ours, source build") + 1]
@@ -760,17 +1084,23 @@ def test_torch_src_dry_run_commands_run_as_printed(pytorch_tree, tmp_path):
     assert "-k '(ddp or DistributedDataParallel) and (no_such_case)'" in result.stdout
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    pasted = subprocess.run(["bash", "-c", ours], cwd=elsewhere, capture_output=True, text=True)
+    pasted = subprocess.run(
+        ["bash", "-c", ours], cwd=elsewhere, capture_output=True, text=True
+    )
     out = pasted.stdout + pasted.stderr
     # pytest's own status, 5: it ran, and the -k selected nothing.
-    assert pasted.returncode == 5 and "deselected" in out and "error" not in out.lower(), out
+    assert (
+        pasted.returncode == 5 and "deselected" in out and "error" not in out.lower()
+    ), out
     results = pathlib.Path(out.split("results: ")[1].split()[0])
     assert (results / "junit.xml").is_file()
     assert list(elsewhere.iterdir()) == [] and not (pytorch_tree / "junit.xml").exists()
 
 
 def test_torch_src_refuses_a_tree_of_another_base_as_build_does(pytorch_tree):
-    tested = script("test", "--torch-src", pytorch_tree, "--base", "v2.14.1", "--dry-run")
+    tested = script(
+        "test", "--torch-src", pytorch_tree, "--base", "v2.14.1", "--dry-run"
+    )
     built = script("build", pytorch_tree, "--base", "v2.14.1", "--dry-run")
     assert tested.returncode == built.returncode == 2
     assert tested.stderr.split(": ", 1)[1] == built.stderr.split(": ", 1)[1]
@@ -782,7 +1112,10 @@ def test_torch_src_refuses_a_tree_of_another_base_as_build_does(pytorch_tree):
         (["--dry-run"], "--dry-run only goes with --torch-src"),
         (["--python", "python3"], "--python only goes with --torch-src"),
         (["--upstream", "-k", "x"], "--upstream runs its own selection of tests"),
-        (["--each-commit", "test/scripts"], "--each-commit runs its own selection of tests"),
+        (
+            ["--each-commit", "test/scripts"],
+            "--each-commit runs its own selection of tests",
+        ),
         (["--torch-src", ".", "test/scripts"], "--torch-src runs its own suites"),
     ],
 )
@@ -809,24 +1142,41 @@ def source_build_python(tmp_path, tree, answer):
 
 def test_torch_src_needs_the_test_tools(pytorch_tree, tmp_path):
     # An interpreter that imports the checkout's torch, but not pytest-rerunfailures.
-    python = source_build_python(tmp_path, pytorch_tree, "*find_spec*) echo pytest_rerunfailures ;;")
+    python = source_build_python(
+        tmp_path, pytorch_tree, "*find_spec*) echo pytest_rerunfailures ;;"
+    )
     result = script("test", "--torch-src", pytorch_tree, "--python", python)
     assert result.returncode == 2
-    assert f"{python} cannot import pytest_rerunfailures, which the tests run with" in result.stderr
+    assert (
+        f"{python} cannot import pytest_rerunfailures, which the tests run with"
+        in result.stderr
+    )
 
 
 def test_torch_src_names_the_pytest_that_collects_the_tests(pytorch_tree, tmp_path):
     # release/2.1's MultiProcessTestCase cannot be collected by pytest 8. Its CI pins 7.3.2;
     # the pin is read from the checkout, which here says another.
     (pytorch_tree / ".ci" / "docker").mkdir(parents=True)
-    (pytorch_tree / ".ci" / "docker" / "requirements-ci.txt").write_text("pytest==7.2.1\n#Description: x\n")
-    python = source_build_python(tmp_path, pytorch_tree, "*pytest.__version__*) echo 8.3.5 ;;")
+    (pytorch_tree / ".ci" / "docker" / "requirements-ci.txt").write_text(
+        "pytest==7.2.1\n#Description: x\n"
+    )
+    python = source_build_python(
+        tmp_path, pytorch_tree, "*pytest.__version__*) echo 8.3.5 ;;"
+    )
     result = script("test", "--torch-src", pytorch_tree, "--python", python)
     assert result.returncode == 2
-    assert f"{python} has pytest 8.3.5, which cannot collect the tests against v2.1.2's source" in result.stderr
+    assert (
+        f"{python} has pytest 8.3.5, which cannot collect the tests against v2.1.2's source"
+        in result.stderr
+    )
     assert "-m pip install pytest==7.2.1" in result.stderr
-    result = script("test", "--torch-src", pytorch_tree, "--python", python, "--dry-run")
-    assert result.returncode == 0 and "test: warning: the runs would not collect: " in result.stderr
+    result = script(
+        "test", "--torch-src", pytorch_tree, "--python", python, "--dry-run"
+    )
+    assert (
+        result.returncode == 0
+        and "test: warning: the runs would not collect: " in result.stderr
+    )
 
 
 def test_torch_src_needs_a_pytorch_tree(tmp_path):
@@ -844,15 +1194,29 @@ def test_a_commit_is_its_patch_whatever_the_context(tmp_path):
     (tree / "f.cpp").write_text(f"void f() {{\n{body}}}\n")
     git(tree, "add", "-A")
     git(tree, "commit", "-qm", "base")
-    (tree / "f.cpp").write_text(f"void f() {{\n{body.replace('step_10', 'changed_10')}}}\n")
+    (tree / "f.cpp").write_text(
+        f"void f() {{\n{body.replace('step_10', 'changed_10')}}}\n"
+    )
     git(tree, "commit", "-qam", "[c10d] Change f")
     shown = git(tree, "show", "--format=", "HEAD")
-    whole = git(tree, "format-patch", "--stdout", "--no-signature", "--function-context", "-1", "HEAD")
+    whole = git(
+        tree,
+        "format-patch",
+        "--stdout",
+        "--no-signature",
+        "--function-context",
+        "-1",
+        "HEAD",
+    )
     ids = [
-        subprocess.run(["git", "patch-id", "--stable"], input=text, capture_output=True, text=True).stdout.split()[0]
+        subprocess.run(
+            ["git", "patch-id", "--stable"], input=text, capture_output=True, text=True
+        ).stdout.split()[0]
         for text in (shown, whole)
     ]
     assert ids[0] != ids[1]
     assert submit.change_id(shown) == submit.change_id(whole)
-    other = git(tree, "format-patch", "--stdout", "--no-signature", "-1", "HEAD").replace("changed_10", "changed_11")
+    other = git(
+        tree, "format-patch", "--stdout", "--no-signature", "-1", "HEAD"
+    ).replace("changed_10", "changed_11")
     assert submit.change_id(other) != submit.change_id(shown)

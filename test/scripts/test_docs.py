@@ -11,7 +11,10 @@ from torch_overlay import bases, commits
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # What names commits besides the pages: CI's comments and the mutant files' comments.
-NAMING_COMMITS = PAGES + [REPO / ".ci" / "run", *sorted((REPO / "test" / "mutants").glob("*.toml"))]
+NAMING_COMMITS = PAGES + [
+    REPO / ".ci" / "run",
+    *sorted((REPO / "test" / "mutants").glob("*.toml")),
+]
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 # A commit named by its subject, in backticks: `[c10d] Reducer::reset_state(): ...`.
 SUBJECT = re.compile(r"`(?P<subject>\[[A-Za-z0-9_]+\] [^`]+)`")
@@ -45,17 +48,25 @@ def test_relative_links_resolve(page):
         resolved = (page.parent / path).resolve() if path else page
         assert resolved.exists(), f"{page.name}: {target} does not exist"
         if anchor and resolved.suffix == ".md":
-            assert anchor in anchors(resolved), f"{page.name}: {target} names no heading of {resolved.name}"
+            assert anchor in anchors(
+                resolved
+            ), f"{page.name}: {target} names no heading of {resolved.name}"
 
 
 def all_subjects():
-    return {subject for base in bases.BASES.values() for subject in commits.list_subjects(base.patches(REPO))}
+    return {
+        subject
+        for base in bases.BASES.values()
+        for subject in commits.list_subjects(base.patches(REPO))
+    }
 
 
 @pytest.mark.parametrize("page", NAMING_COMMITS, ids=lambda p: p.name)
 def test_every_commit_named_is_a_commit_of_a_series(page):
     known = all_subjects()
-    named = {" ".join(m.group("subject").split()) for m in SUBJECT.finditer(page.read_text())}
+    named = {
+        " ".join(m.group("subject").split()) for m in SUBJECT.finditer(page.read_text())
+    }
     assert sorted(named - known) == []
 
 

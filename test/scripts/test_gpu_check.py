@@ -14,17 +14,28 @@ gpu_check = load_script("gpu-check")
 
 
 def run(*args):
-    return subprocess.run([sys.executable, str(GPU_CHECK), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(GPU_CHECK), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 UPSTREAM = bases.get("v2.14.1")
 
 
 def names_in_the_test_file():
-    spec = importlib.util.spec_from_file_location("test_ddp_update_process_group", UPSTREAM.test_file(REPO))
+    spec = importlib.util.spec_from_file_location(
+        "test_ddp_update_process_group", UPSTREAM.test_file(REPO)
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return [test.id() for suite in unittest.TestLoader().loadTestsFromModule(module) for test in suite]
+    return [
+        test.id()
+        for suite in unittest.TestLoader().loadTestsFromModule(module)
+        for test in suite
+    ]
 
 
 def test_every_case_names_tests_of_the_file():
@@ -39,7 +50,9 @@ def test_every_case_names_tests_of_the_file():
     def tests_of(cls):
         return {name.rsplit(".", 1)[1] for name in names if f".{cls}." in name}
 
-    cuda_only = tests_of("UpdateProcessGroupGlooCudaTest") - tests_of("UpdateProcessGroupGlooTest")
+    cuda_only = tests_of("UpdateProcessGroupGlooCudaTest") - tests_of(
+        "UpdateProcessGroupGlooTest"
+    )
     cuda_only.remove("test_recover_after_aborting_the_old_nccl_group")
     selected = [case.rsplit(".", 1)[1] for case in gpu_check.CASES]
     assert cuda_only
@@ -55,22 +68,29 @@ def test_the_fixes_cases_are_those_the_fix_patches_add():
     assert "test_builtin_comm_hook_follows_group" not in cases
     assert "test_shrink_switch_expand" not in cases
 
+
 def test_dry_run_prints_each_step():
     result = run("--dry-run", "--out", "/tmp/gpu-check-out")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 4
     assert all(line.startswith(f"PYTHONPATH={REPO} ") for line in lines)
-    assert " -m torch_overlay install --repo " in lines[0] and lines[0].endswith("--base v2.14.1")
+    assert " -m torch_overlay install --repo " in lines[0] and lines[0].endswith(
+        "--base v2.14.1"
+    )
     assert all(f"-k {case}" in lines[1] for case in gpu_check.CASES)
     assert "elastic_ddp.py --backend nccl --workers 1" in lines[2]
-    assert "--device cuda --paths a" in lines[3] and lines[3].endswith("--out /tmp/gpu-check-out")
+    assert "--device cuda --paths a" in lines[3] and lines[3].endswith(
+        "--out /tmp/gpu-check-out"
+    )
 
 
 def test_dry_run_commands_run_from_any_directory(tmp_path):
     # The overlay step, asked for its status instead: python -m torch_overlay is found.
     overlay = run("--dry-run").stdout.splitlines()[0].replace(" install ", " status ")
-    pasted = subprocess.run(["bash", "-c", overlay], cwd=tmp_path, capture_output=True, text=True)
+    pasted = subprocess.run(
+        ["bash", "-c", overlay], cwd=tmp_path, capture_output=True, text=True
+    )
     assert "No module named torch_overlay" not in pasted.stderr
     assert pasted.stdout.startswith("torch "), pasted.stderr
 
@@ -90,7 +110,9 @@ def test_log_keeps_the_output_and_stops_at_the_deadline(tmp_path):
     # Nothing printed for a while, then something: the log waits for it.
     assert log.run(["sh", "-c", "sleep 1; echo hi; exit 3"], timeout_s=30) == 3
     started = time.monotonic()
-    assert log.run(["sh", "-c", "echo before; sleep 60; echo after"], timeout_s=2) is None
+    assert (
+        log.run(["sh", "-c", "echo before; sleep 60; echo after"], timeout_s=2) is None
+    )
     assert time.monotonic() - started < 30
     text = (tmp_path / "gpu-check.log").read_text()
     assert "\nhi\n" in text and "\nbefore\n" in text and "\nafter\n" not in text
@@ -101,7 +123,10 @@ def test_refuses_another_torch_and_no_gpu():
     # This venv holds torch 2.1.2, the base v2.1.2's, and no GPU.
     result = run()
     assert result.returncode == 2
-    assert "is not supported by the v2.14.1 series" in result.stderr and "pass --base v2.1.2" in result.stderr
+    assert (
+        "is not supported by the v2.14.1 series" in result.stderr
+        and "pass --base v2.1.2" in result.stderr
+    )
     assert "The series' fixes alone do not apply to it either." in result.stderr
     result = run("--base", "v2.1.2")
     assert result.returncode == 2

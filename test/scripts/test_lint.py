@@ -39,10 +39,18 @@ index 0000000..1111111 100644
 WHY = "Why this change is needed (#113580),\nin more than one line.\n\nTest Plan:\npython test/x.py"
 
 
-def fake(tmp_path, subject="[c10d] Add a thing", body=WHY, path="torch/csrc/distributed/c10d/reducer.cpp",
-         old="int x = 1;", new="int x = 2;"):
+def fake(
+    tmp_path,
+    subject="[c10d] Add a thing",
+    body=WHY,
+    path="torch/csrc/distributed/c10d/reducer.cpp",
+    old="int x = 1;",
+    new="int x = 2;",
+):
     patch = tmp_path / "0001-fake.patch"
-    patch.write_text(HEADER.format(subject=subject, body=body, path=path, old=old, new=new))
+    patch.write_text(
+        HEADER.format(subject=subject, body=body, path=path, old=old, new=new)
+    )
     # message() reports paths relative to the repository.
     return patch, patch.read_text()
 
@@ -61,9 +69,14 @@ def test_headers(tmp_path, monkeypatch):
     assert patch_series.lint_header(patch, text) == []
     patch, text = fake(tmp_path, body="Short.")
     assert names(patch_series.lint_header(patch, text)) == ["body", "test-plan"]
-    patch, text = fake(tmp_path, body=WHY + "\nUpstream-Ref: https://github.com/pytorch/pytorch/pull/1")
+    patch, text = fake(
+        tmp_path, body=WHY + "\nUpstream-Ref: https://github.com/pytorch/pytorch/pull/1"
+    )
     found = patch_series.lint_header(patch, text)
-    assert names(found) == ["trailer"] and "Upstream-Ref: is not a PyTorch trailer" in found[0].description
+    assert (
+        names(found) == ["trailer"]
+        and "Upstream-Ref: is not a PyTorch trailer" in found[0].description
+    )
     patch, text = fake(tmp_path, body=WHY + "\n\nFixes #1")
     assert patch_series.lint_header(patch, text) == []
     patch, text = fake(tmp_path, subject="Add a thing without an area")
@@ -81,11 +94,21 @@ def test_scope(tmp_path, monkeypatch):
     # So does c10d's Python front end, where _reconfigure() counts.
     patch, text = fake(tmp_path, path="torch/distributed/distributed_c10d.py")
     assert patch_series.lint_scope(patch, text, unidiff.PatchSet(text)) == []
-    patch, text = fake(tmp_path, subject="[DDP] Add a thing", path="torch/csrc/distributed/c10d/reducer.cpp")
+    patch, text = fake(
+        tmp_path,
+        subject="[DDP] Add a thing",
+        path="torch/csrc/distributed/c10d/reducer.cpp",
+    )
     assert patch_series.lint_scope(patch, text, unidiff.PatchSet(text)) == []
-    patch, text = fake(tmp_path, subject="[DDP] Test a thing", path="torch/nn/parallel/distributed.py")
-    assert names(patch_series.lint_scope(patch, text, unidiff.PatchSet(text))) == ["scope"]
-    patch, text = fake(tmp_path, subject="[DDP] Test a thing", path="test/distributed/test_x.py")
+    patch, text = fake(
+        tmp_path, subject="[DDP] Test a thing", path="torch/nn/parallel/distributed.py"
+    )
+    assert names(patch_series.lint_scope(patch, text, unidiff.PatchSet(text))) == [
+        "scope"
+    ]
+    patch, text = fake(
+        tmp_path, subject="[DDP] Test a thing", path="test/distributed/test_x.py"
+    )
     assert patch_series.lint_scope(patch, text, unidiff.PatchSet(text)) == []
 
 
@@ -94,34 +117,60 @@ def test_noise(tmp_path, monkeypatch):
     patch, text = fake(tmp_path, old="int x = 1;", new="int  x =  1;")
     assert names(patch_series.lint_noise(patch, unidiff.PatchSet(text))) == ["reformat"]
     patch, text = fake(tmp_path, new="int x = 2; ")
-    assert names(patch_series.lint_noise(patch, unidiff.PatchSet(text))) == ["whitespace"]
+    assert names(patch_series.lint_noise(patch, unidiff.PatchSet(text))) == [
+        "whitespace"
+    ]
     patch, text = fake(tmp_path)
     assert patch_series.lint_noise(patch, unidiff.PatchSet(text)) == []
     # In Python, a statement that moves out of a nested block changes what the code does.
-    patch, text = fake(tmp_path, path="torch/nn/parallel/distributed.py", old="        f(x)", new="    f(x)")
+    patch, text = fake(
+        tmp_path,
+        path="torch/nn/parallel/distributed.py",
+        old="        f(x)",
+        new="    f(x)",
+    )
     assert patch_series.lint_noise(patch, unidiff.PatchSet(text)) == []
-    patch, text = fake(tmp_path, path="torch/nn/parallel/distributed.py", old="    f(x, y)", new="    f(x,y)")
+    patch, text = fake(
+        tmp_path,
+        path="torch/nn/parallel/distributed.py",
+        old="    f(x, y)",
+        new="    f(x,y)",
+    )
     assert names(patch_series.lint_noise(patch, unidiff.PatchSet(text))) == ["reformat"]
 
 
 def test_test_file_must_agree_with_the_series(tmp_path, monkeypatch):
     copy = tmp_path / "repo"
     (copy / "torch_overlay").mkdir(parents=True)
-    (copy / "torch_overlay" / "bindings.cpp").write_text((REPO / "torch_overlay" / "bindings.cpp").read_text())
+    (copy / "torch_overlay" / "bindings.cpp").write_text(
+        (REPO / "torch_overlay" / "bindings.cpp").read_text()
+    )
     # bindings.cpp also binds what the other series' init.cpp hunks bind.
     shutil.copytree(REPO / "patches", copy / "patches")
     test_file = BASE.test_file(copy)
     test_file.parent.mkdir(parents=True)
     test_file.write_text(BASE.test_file(REPO).read_text() + "# drift\n")
     monkeypatch.setattr(patch_series, "REPO", copy)
-    series = patch_series.series.read_series(PATCHES, patch_series.overlay.Torch.find().site_packages)
+    series = patch_series.series.read_series(
+        PATCHES, patch_series.overlay.Torch.find().site_packages
+    )
     found = patch_series.lint_agreement(BASE, REAL, series)
     assert names(found) == ["agree"]
-    assert found[0].path == f"test/distributed/{BASE.name}/test_ddp_update_process_group.py"
-    (copy / "torch_overlay" / "bindings.cpp").write_text("py::name(\"_reset_state\")\n")
-    assert names(patch_series.lint_agreement(BASE, REAL, series)) == ["agree", "bindings"]
+    assert (
+        found[0].path
+        == f"test/distributed/{BASE.name}/test_ddp_update_process_group.py"
+    )
+    (copy / "torch_overlay" / "bindings.cpp").write_text('py::name("_reset_state")\n')
+    assert names(patch_series.lint_agreement(BASE, REAL, series)) == [
+        "agree",
+        "bindings",
+    ]
     # A test hunk that does not apply is reported, not a crash.
-    broken, _ = fake(copy, subject="[DDP] Test a thing", path="test/distributed/test_ddp_update_process_group.py")
+    broken, _ = fake(
+        copy,
+        subject="[DDP] Test a thing",
+        path="test/distributed/test_ddp_update_process_group.py",
+    )
     found = patch_series.lint_agreement(BASE, REAL + [broken], series)
     assert (found[-1].name, found[-1].path) == ("apply", broken.name)
 
@@ -146,8 +195,20 @@ def test_git_am_commit_by_commit(tmp_path, monkeypatch):
 def test_adapter_prints_only_lint_messages_on_stdout(tmp_path, monkeypatch, capsys):
     # What the overlay prints while the patches linter checks a wheel for the first time.
     def lint(paths):
-        print("[overlay] checking that nothing in libtorch but the Python bindings calls Reducer::reset_state")
-        return [adapter.LintMessage(str(paths[0]), None, None, "PATCHES", "error", "apply", "it does not apply")]
+        print(
+            "[overlay] checking that nothing in libtorch but the Python bindings calls Reducer::reset_state"
+        )
+        return [
+            adapter.LintMessage(
+                str(paths[0]),
+                None,
+                None,
+                "PATCHES",
+                "error",
+                "apply",
+                "it does not apply",
+            )
+        ]
 
     monkeypatch.setattr(patch_series, "lint", lint)
     paths = tmp_path / "paths"
@@ -167,8 +228,13 @@ def test_flake8_adapter(tmp_path):
 
 def test_clang_format_adapter():
     found = adapter.clang_format_messages("x.cpp", "int  f( ){return 1;}\n", "fix it")
-    assert names(found) == ["format"] and found[0].replacement == "int f() {\n  return 1;\n}\n"
-    assert adapter.clang_format_messages("x.cpp", "int f() {\n  return 1;\n}\n", "") == []
+    assert (
+        names(found) == ["format"]
+        and found[0].replacement == "int f() {\n  return 1;\n}\n"
+    )
+    assert (
+        adapter.clang_format_messages("x.cpp", "int f() {\n  return 1;\n}\n", "") == []
+    )
 
 
 def test_text_checks(tmp_path, monkeypatch):
@@ -185,17 +251,32 @@ def test_ufmt_adapter(tmp_path, monkeypatch):
     # PyTorch 2.1's settings: black's default line length (88), usort with torch first-party in torch/.
     assert adapter.ufmt_format("x.py", "x = {'a':1}\n") == 'x = {"a": 1}\n'
     long_call = "x = f(" + ", ".join(["argument"] * 9) + ")\n"
-    assert len(long_call) < 120 and adapter.ufmt_format("x.py", long_call).count("\n") == 11
+    assert (
+        len(long_call) < 120
+        and adapter.ufmt_format("x.py", long_call).count("\n") == 11
+    )
     imports = "import torch\nimport os\nimport numpy\n"
-    assert adapter.ufmt_format("torch/x.py", imports) == "import os\n\nimport numpy\n\nimport torch\n"
-    assert adapter.ufmt_format("test/x.py", imports) == "import os\n\nimport numpy\nimport torch\n"
-    assert adapter.ufmt_format("x.pyi", "def f(x: int) -> None:\n    ...\n") == "def f(x: int) -> None: ...\n"
+    assert (
+        adapter.ufmt_format("torch/x.py", imports)
+        == "import os\n\nimport numpy\n\nimport torch\n"
+    )
+    assert (
+        adapter.ufmt_format("test/x.py", imports)
+        == "import os\n\nimport numpy\nimport torch\n"
+    )
+    assert (
+        adapter.ufmt_format("x.pyi", "def f(x: int) -> None:\n    ...\n")
+        == "def f(x: int) -> None: ...\n"
+    )
     monkeypatch.setattr(adapter, "REPO", tmp_path)
     (tmp_path / "bad.py").write_text("x = {'a':1}\n")
     (tmp_path / "good.py").write_text('x = {"a": 1}\n')
     (tmp_path / "broken.py").write_text("def (:\n")
     found = adapter.ufmt(["bad.py", "good.py", "broken.py"])
-    assert [(m.path, m.name) for m in found] == [("bad.py", "format"), ("broken.py", "command-failed")]
+    assert [(m.path, m.name) for m in found] == [
+        ("bad.py", "format"),
+        ("broken.py", "command-failed"),
+    ]
     assert found[0].replacement == 'x = {"a": 1}\n'
 
 
@@ -203,17 +284,27 @@ def test_ufmt_flags_a_line_the_patch_adds(tmp_path, monkeypatch):
     monkeypatch.setattr(patch_series, "REPO", tmp_path)
     path = "torch/nn/parallel/fake.py"
     for new, expected in (("x = {'a':1}", ["ufmt"]), ('x = {"a": 1}', [])):
-        patch, text = fake(tmp_path, subject="[DDP] Add a thing", path=path, old="x = 1", new=new)
+        patch, text = fake(
+            tmp_path, subject="[DDP] Add a thing", path=path, old="x = 1", new=new
+        )
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(f"context\n{new}\ncontext\n")
-        found = patch_series.lint_ufmt(tmp_path, path, patch_series.added_lines({patch: unidiff.PatchSet(text)}, path))
+        found = patch_series.lint_ufmt(
+            tmp_path,
+            path,
+            patch_series.added_lines({patch: unidiff.PatchSet(text)}, path),
+        )
         assert names(found) == expected
         if found:
             assert found[0].line == text.splitlines().index(f"+{new}") + 1
-            assert found[0].description.startswith(f"{path}:2 is not formatted as PyTorch's UFMT linter")
+            assert found[0].description.startswith(
+                f"{path}:2 is not formatted as PyTorch's UFMT linter"
+            )
 
 
-def test_ufmt_follows_added_lines_through_the_series_and_skips_upstream_lines(tmp_path, monkeypatch):
+def test_ufmt_follows_added_lines_through_the_series_and_skips_upstream_lines(
+    tmp_path, monkeypatch
+):
     """Two patches to one file: the lines the first adds are checked where the second moves them."""
     monkeypatch.setattr(patch_series, "REPO", tmp_path)
     tree, path = tmp_path / "tree", "torch/nn/parallel/fake.py"
@@ -225,7 +316,7 @@ def test_ufmt_follows_added_lines_through_the_series_and_skips_upstream_lines(tm
         # 1: a black-unclean assignment, and a function without the two blank lines before it.
         upstream + "def h():\n    return {'a':1}\n",
         # 2: a clean line above, which moves what patch 1 added.
-        'import os\n\nEARLY = {"b": 2}\nUPSTREAM = {\'kept\':1}\n\n\ndef g():\n    return os\n'
+        "import os\n\nEARLY = {\"b\": 2}\nUPSTREAM = {'kept':1}\n\n\ndef g():\n    return os\n"
         "def h():\n    return {'a':1}\n",
     ]
     (tree / path).write_text(upstream)
@@ -236,7 +327,9 @@ def test_ufmt_follows_added_lines_through_the_series_and_skips_upstream_lines(tm
         git(tree, "commit", "-qam", f"step {number}")
     git(tree, "format-patch", "-q", "-o", str(tmp_path), "HEAD~2")
     patches = sorted(tmp_path.glob("*.patch"))
-    added = patch_series.added_lines({p: unidiff.PatchSet(p.read_text()) for p in patches}, path)
+    added = patch_series.added_lines(
+        {p: unidiff.PatchSet(p.read_text()) for p in patches}, path
+    )
     final = steps[-1].splitlines()
     assert {n: (p.name[:4], final[n - 1]) for n, (p, _) in added.items()} == {
         3: ("0002", 'EARLY = {"b": 2}'),
@@ -248,4 +341,7 @@ def test_ufmt_follows_added_lines_through_the_series_and_skips_upstream_lines(tm
         (patches[0].name, f"{path}:9"),  # black puts two blank lines before it
         (patches[0].name, f"{path}:10"),
     ]
-    assert [patches[0].read_text().splitlines()[m.line - 1] for m in found] == ["+def h():", "+    return {'a':1}"]
+    assert [patches[0].read_text().splitlines()[m.line - 1] for m in found] == [
+        "+def h():",
+        "+    return {'a':1}",
+    ]

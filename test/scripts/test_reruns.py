@@ -72,7 +72,9 @@ def no_rerun_delay(monkeypatch):
 
 
 def execute(tmp_path: pathlib.Path, suite: pathlib.Path):
-    toy = test_script.Run("toy", pathlib.Path(sys.executable), [str(suite)], cwd=tmp_path)
+    toy = test_script.Run(
+        "toy", pathlib.Path(sys.executable), [str(suite)], cwd=tmp_path
+    )
     toy.execute(test_script._common.venv_env(venv=pathlib.Path(sys.prefix)))
     return toy
 
@@ -87,7 +89,10 @@ def last_line(message):
 
 @pytest.mark.parametrize("name", FAILURES)
 def test_the_pattern(name):
-    matches = re.search(test_script.GLOO_CONNECT_FAILED, f"RuntimeError: {FAILURES[name]}") is not None
+    matches = (
+        re.search(test_script.GLOO_CONNECT_FAILED, f"RuntimeError: {FAILURES[name]}")
+        is not None
+    )
     assert matches == name.startswith("connect_failed")
 
 
@@ -114,22 +119,49 @@ def test_only_a_group_that_could_not_connect_runs_again(tmp_path, capsys):
         "test_timed_out": "failed",
     }
     assert toy.failure_log == [
-        {"test": "test_flaky.py::test_connect_failed", "outcome": "rerun", "cause": last_line(CONNECT_FAILED)},
-        {"test": "test_flaky.py::test_connect_failed_2_1", "outcome": "rerun", "cause": last_line(CONNECT_FAILED_2_1)},
-        {"test": "test_flaky.py::test_peer_gone", "outcome": "failed", "cause": last_line(PEER_GONE)},
-        {"test": "test_flaky.py::test_two_ranks", "outcome": "failed", "cause": last_line(PEER_GONE)},
-        {"test": "test_flaky.py::test_timed_out", "outcome": "failed", "cause": f"RuntimeError: {TIMED_OUT}"},
+        {
+            "test": "test_flaky.py::test_connect_failed",
+            "outcome": "rerun",
+            "cause": last_line(CONNECT_FAILED),
+        },
+        {
+            "test": "test_flaky.py::test_connect_failed_2_1",
+            "outcome": "rerun",
+            "cause": last_line(CONNECT_FAILED_2_1),
+        },
+        {
+            "test": "test_flaky.py::test_peer_gone",
+            "outcome": "failed",
+            "cause": last_line(PEER_GONE),
+        },
+        {
+            "test": "test_flaky.py::test_two_ranks",
+            "outcome": "failed",
+            "cause": last_line(PEER_GONE),
+        },
+        {
+            "test": "test_flaky.py::test_timed_out",
+            "outcome": "failed",
+            "cause": f"RuntimeError: {TIMED_OUT}",
+        },
     ]
     assert test_script.summarize([toy]) == 3
     out = capsys.readouterr().out
-    assert f"  rerun test_flaky.py::test_connect_failed: {last_line(CONNECT_FAILED)}\n" in out
+    assert (
+        f"  rerun test_flaky.py::test_connect_failed: {last_line(CONNECT_FAILED)}\n"
+        in out
+    )
     assert f"  failed test_flaky.py::test_timed_out: RuntimeError: {TIMED_OUT}\n" in out
     assert out.endswith("2 passed, 3 failed, 0 skipped, 2 reruns\n")
 
 
 def test_a_failure_on_every_run_fails(tmp_path):
     suite = tmp_path / "test_broken.py"
-    suite.write_text(f"def test_broken():\n    raise RuntimeError({CONNECT_FAILED!r})\n")
+    suite.write_text(
+        f"def test_broken():\n    raise RuntimeError({CONNECT_FAILED!r})\n"
+    )
     toy = execute(tmp_path, suite)
     assert outcomes(toy) == {"test_broken": "failed"}
-    assert [entry["outcome"] for entry in toy.failure_log] == ["rerun"] * test_script.RERUNS + ["failed"]
+    assert [entry["outcome"] for entry in toy.failure_log] == [
+        "rerun"
+    ] * test_script.RERUNS + ["failed"]

@@ -19,7 +19,10 @@ if not dist.is_available():
     sys.exit(0)
 
 from torch.testing._internal.common_utils import run_tests
-from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend
+from torch.testing._internal.distributed.distributed_test import (
+    DistributedTest,
+    TestDistBackend,
+)
 
 assert os.environ["BACKEND"] in ("gloo", "nccl"), os.environ["BACKEND"]
 

@@ -56,62 +56,147 @@ def run_tool(code: str, cmd: List[str]) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     except OSError as e:
-        emit([LintMessage(None, None, None, code, "error", "command-failed", f"{cmd[0]}: {e}; run lintrunner init")])
+        emit(
+            [
+                LintMessage(
+                    None,
+                    None,
+                    None,
+                    code,
+                    "error",
+                    "command-failed",
+                    f"{cmd[0]}: {e}; run lintrunner init",
+                )
+            ]
+        )
         sys.exit(0)
 
 
 def flake8(paths: List[str]) -> List[LintMessage]:
-    result = run_tool("FLAKE8", [sys.executable, "-m", "flake8", "--config", str(REPO / ".flake8"), *paths])
-    pattern = re.compile(r"^(?P<path>.*?):(?P<line>\d+):(?P<col>\d+): (?P<name>\S+) (?P<message>.*)$")
+    result = run_tool(
+        "FLAKE8",
+        [sys.executable, "-m", "flake8", "--config", str(REPO / ".flake8"), *paths],
+    )
+    pattern = re.compile(
+        r"^(?P<path>.*?):(?P<line>\d+):(?P<col>\d+): (?P<name>\S+) (?P<message>.*)$"
+    )
     messages = []
     for line in result.stdout.splitlines():
         match = pattern.match(line)
         if match:
             messages.append(
                 LintMessage(
-                    match["path"], int(match["line"]), int(match["col"]), "FLAKE8", "error", match["name"], match["message"]
+                    match["path"],
+                    int(match["line"]),
+                    int(match["col"]),
+                    "FLAKE8",
+                    "error",
+                    match["name"],
+                    match["message"],
                 )
             )
     if result.returncode not in (0, 1) or (result.returncode == 1 and not messages):
-        messages.append(LintMessage(None, None, None, "FLAKE8", "error", "command-failed", result.stderr.strip()))
+        messages.append(
+            LintMessage(
+                None,
+                None,
+                None,
+                "FLAKE8",
+                "error",
+                "command-failed",
+                result.stderr.strip(),
+            )
+        )
     return messages
 
 
 def clang_format_messages(path: str, text: str, description: str) -> List[LintMessage]:
     result = subprocess.run(
-        ["clang-format", f"--style=file:{REPO / '.clang-format'}", f"--assume-filename={path}"],
+        [
+            "clang-format",
+            f"--style=file:{REPO / '.clang-format'}",
+            f"--assume-filename={path}",
+        ],
         input=text,
         capture_output=True,
         text=True,
     )
     if result.returncode != 0:
-        return [LintMessage(path, None, None, "CLANGFORMAT", "error", "command-failed", result.stderr.strip())]
+        return [
+            LintMessage(
+                path,
+                None,
+                None,
+                "CLANGFORMAT",
+                "error",
+                "command-failed",
+                result.stderr.strip(),
+            )
+        ]
     if result.stdout == text:
         return []
-    return [LintMessage(path, None, None, "CLANGFORMAT", "warning", "format", description, text, result.stdout)]
+    return [
+        LintMessage(
+            path,
+            None,
+            None,
+            "CLANGFORMAT",
+            "warning",
+            "format",
+            description,
+            text,
+            result.stdout,
+        )
+    ]
 
 
 def clang_format(paths: List[str]) -> List[LintMessage]:
     messages = []
     for path in paths:
         text = (REPO / path).read_text()
-        messages += clang_format_messages(path, text, "Run `lintrunner -a` to apply PyTorch's clang-format style.")
+        messages += clang_format_messages(
+            path, text, "Run `lintrunner -a` to apply PyTorch's clang-format style."
+        )
     return messages
 
 
 def mypy(paths: List[str]) -> List[LintMessage]:
     # mypy 1.4 warns about its own use of mypy_extensions on stderr.
     python = [sys.executable, "-W", "ignore::DeprecationWarning"]
-    result = run_tool("MYPY", [*python, "-m", "mypy", "--config-file", str(REPO / "mypy.ini"), *paths])
-    pattern = re.compile(r"^(?P<path>.*?):(?P<line>\d+): (?P<severity>error|note): (?P<message>.*?)(?:  \[(?P<name>.*)\])?$")
+    result = run_tool(
+        "MYPY", [*python, "-m", "mypy", "--config-file", str(REPO / "mypy.ini"), *paths]
+    )
+    pattern = re.compile(
+        r"^(?P<path>.*?):(?P<line>\d+): (?P<severity>error|note): (?P<message>.*?)(?:  \[(?P<name>.*)\])?$"
+    )
     messages = []
     for line in result.stdout.splitlines():
         match = pattern.match(line)
         if match and match["severity"] == "error":
             name = match["name"] or "error"
-            messages.append(LintMessage(match["path"], int(match["line"]), None, "MYPY", "error", name, match["message"]))
+            messages.append(
+                LintMessage(
+                    match["path"],
+                    int(match["line"]),
+                    None,
+                    "MYPY",
+                    "error",
+                    name,
+                    match["message"],
+                )
+            )
     if result.returncode not in (0, 1):
-        messages.append(LintMessage(None, None, None, "MYPY", "error", "command-failed", result.stderr.strip()))
+        messages.append(
+            LintMessage(
+                None,
+                None,
+                None,
+                "MYPY",
+                "error",
+                "command-failed",
+                result.stderr.strip(),
+            )
+        )
     return messages
 
 
@@ -119,9 +204,12 @@ def mypy(paths: List[str]) -> List[LintMessage]:
 # .lintrunner.toml pins them) with its settings: pyproject.toml's [tool.black] sets only these
 # target versions (black's default line length, 88), and there is no [tool.usort].
 BLACK_TARGET_VERSIONS = ("PY38", "PY39", "PY310", "PY311")
-UFMT_DESCRIPTION = (
-    "Run `lintrunner -a` to apply PyTorch's black and usort formatting. The patch series "
-    "builds this file: change the patch that adds these lines the same way."
+UFMT_DESCRIPTION = "Run `lintrunner -a` to apply PyTorch's black and usort formatting."
+# The test files that the patch series builds (this repository keeps a copy per base).
+SERIES_BUILT = "test/distributed/"
+SERIES_BUILT_DESCRIPTION = (
+    UFMT_DESCRIPTION
+    + " The patch series builds this file: change the patch that adds these lines the same way."
 )
 
 
@@ -135,14 +223,18 @@ def ufmt_format(path: str, text: str) -> str:
     from usort import Config
     from usort.config import CAT_FIRST_PARTY
 
-    mode = black.Mode(target_versions={black.TargetVersion[v] for v in BLACK_TARGET_VERSIONS})
+    mode = black.Mode(
+        target_versions={black.TargetVersion[v] for v in BLACK_TARGET_VERSIONS}
+    )
     usort_config = Config()
     # usort's first-party detection, as it works in a PyTorch tree: a file in the torch
     # package (torch/__init__.py at the root) has torch as its first party.
     if path.startswith("torch/"):
         usort_config.known["torch"] = CAT_FIRST_PARTY
     # ufmt_bytes runs usort, then black (in stub mode for a .pyi), as upstream's adapter does.
-    return ufmt_bytes(pathlib.Path(path), text.encode(), black_config=mode, usort_config=usort_config).decode()
+    return ufmt_bytes(
+        pathlib.Path(path), text.encode(), black_config=mode, usort_config=usort_config
+    ).decode()
 
 
 def ufmt(paths: List[str]) -> List[LintMessage]:
@@ -151,11 +243,38 @@ def ufmt(paths: List[str]) -> List[LintMessage]:
         text = (REPO / path).read_text()
         try:
             formatted = ufmt_format(path, text)
-        except Exception as e:  # black and usort raise their own errors for code they cannot parse
-            messages.append(LintMessage(path, None, None, "UFMT", "error", "command-failed", f"{type(e).__name__}: {e}"))
+        except Exception as e:
+            # Black and usort raise their own errors for code they cannot parse.
+            messages.append(
+                LintMessage(
+                    path,
+                    None,
+                    None,
+                    "UFMT",
+                    "error",
+                    "command-failed",
+                    f"{type(e).__name__}: {e}",
+                )
+            )
             continue
         if formatted != text:
-            messages.append(LintMessage(path, None, None, "UFMT", "warning", "format", UFMT_DESCRIPTION, text, formatted))
+            messages.append(
+                LintMessage(
+                    path,
+                    None,
+                    None,
+                    "UFMT",
+                    "warning",
+                    "format",
+                    (
+                        SERIES_BUILT_DESCRIPTION
+                        if path.startswith(SERIES_BUILT)
+                        else UFMT_DESCRIPTION
+                    ),
+                    text,
+                    formatted,
+                )
+            )
     return messages
 
 
@@ -168,15 +287,47 @@ def text_checks(kind: str, paths: List[str]) -> List[LintMessage]:
             if text and not text.endswith("\n") or text.endswith("\n\n"):
                 fixed = text.rstrip("\n") + "\n"
                 description = "File must end in exactly one newline."
-                messages.append(LintMessage(path, None, None, code, "error", "newline", description, text, fixed))
+                messages.append(
+                    LintMessage(
+                        path,
+                        None,
+                        None,
+                        code,
+                        "error",
+                        "newline",
+                        description,
+                        text,
+                        fixed,
+                    )
+                )
             continue
         for number, line in enumerate(text.splitlines(), 1):
             if kind == "spaces" and line != line.rstrip():
                 column = len(line.rstrip()) + 1
-                messages.append(LintMessage(path, number, column, code, "error", "trailing-space", "Trailing whitespace."))
+                messages.append(
+                    LintMessage(
+                        path,
+                        number,
+                        column,
+                        code,
+                        "error",
+                        "trailing-space",
+                        "Trailing whitespace.",
+                    )
+                )
             if kind == "tabs" and "\t" in line:
                 column = line.index("\t") + 1
-                messages.append(LintMessage(path, number, column, code, "error", "tab", "Tab; indent with spaces."))
+                messages.append(
+                    LintMessage(
+                        path,
+                        number,
+                        column,
+                        code,
+                        "error",
+                        "tab",
+                        "Tab; indent with spaces.",
+                    )
+                )
     return messages
 
 
@@ -191,10 +342,24 @@ def init(requirements: List[str], dry_run: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    linters = ("init", "flake8", "clang-format", "mypy", "ufmt", "newlines", "spaces", "tabs", "patches")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    linters = (
+        "init",
+        "flake8",
+        "clang-format",
+        "mypy",
+        "ufmt",
+        "newlines",
+        "spaces",
+        "tabs",
+        "patches",
+    )
     parser.add_argument("linter", choices=linters)
-    parser.add_argument("--dry-run", default="0", help="for init: 1 to only print the pip command")
+    parser.add_argument(
+        "--dry-run", default="0", help="for init: 1 to only print the pip command"
+    )
     parser.add_argument("args", nargs="*")
     args = parser.parse_intermixed_args()
     if args.linter == "init":

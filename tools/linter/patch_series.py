@@ -53,7 +53,11 @@ SUBJECT = re.compile(r"^\[PATCH(?: \d+/\d+)?\] \[(?P<area>[^\]]+)\] (?P<title>\S
 # What each subject area may touch. A "[DDP] Test ..." patch holds tests only; a
 # [DDP] change may reach into the reducer it runs on, and brings its tests along.
 # c10d: its C++, its bindings' stub, and its Python front end.
-C10D = ("torch/csrc/distributed/c10d/", "torch/_C/_distributed_c10d.pyi", "torch/distributed/distributed_c10d.py")
+C10D = (
+    "torch/csrc/distributed/c10d/",
+    "torch/_C/_distributed_c10d.pyi",
+    "torch/distributed/distributed_c10d.py",
+)
 # Upstream's own distributed tests live in torch.testing._internal.distributed.
 TESTS = ("test/distributed/", "torch/testing/_internal/distributed/")
 SCOPES: Dict[str, Tuple[str, ...]] = {
@@ -65,7 +69,9 @@ SCOPES: Dict[str, Tuple[str, ...]] = {
 
 
 def message(patch: pathlib.Path, name: str, description: str, line=None) -> LintMessage:
-    return LintMessage(str(patch.relative_to(REPO)), line, None, CODE, "error", name, description)
+    return LintMessage(
+        str(patch.relative_to(REPO)), line, None, CODE, "error", name, description
+    )
 
 
 def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
@@ -78,14 +84,24 @@ def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
     subject = " ".join((headers.get("Subject") or "").split())
     match = SUBJECT.match(subject)
     if not match:
-        found.append(message(patch, "subject", f"subject {subject!r} is not '[area] Title', e.g. '[c10d] Add ...'"))
+        found.append(
+            message(
+                patch,
+                "subject",
+                f"subject {subject!r} is not '[area] Title', e.g. '[c10d] Add ...'",
+            )
+        )
     body = text.split("\n\n", 1)[1].split("\n---\n", 1)[0] if "\n\n" in text else ""
     paragraphs = [p for p in body.strip().split("\n\n") if p.strip()]
     why = [p for p in paragraphs if not TEST_PLAN.match(p)]
     if sum(len(p.splitlines()) for p in why) < 2:
-        found.append(message(patch, "body", "the commit message has no body that explains why"))
+        found.append(
+            message(patch, "body", "the commit message has no body that explains why")
+        )
     if not TEST_PLAN.search(body):
-        found.append(message(patch, "test-plan", "the commit message has no 'Test Plan:'"))
+        found.append(
+            message(patch, "test-plan", "the commit message has no 'Test Plan:'")
+        )
     for line in paragraphs[-1].splitlines() if paragraphs else ():
         trailer = TRAILER.match(line)
         if trailer and trailer["token"] not in PYTORCH_TRAILERS:
@@ -106,16 +122,28 @@ def scope_of(subject_match) -> Tuple[str, ...]:
     return SCOPES.get(area, ())
 
 
-def lint_scope(patch: pathlib.Path, text: str, patch_set: unidiff.PatchSet) -> List[LintMessage]:
+def lint_scope(
+    patch: pathlib.Path, text: str, patch_set: unidiff.PatchSet
+) -> List[LintMessage]:
     header = re.search(r"^Subject: (.*(?:\n .*)*)", text, re.M)
     match = SUBJECT.match(" ".join(header.group(1).split())) if header else None
     if not match:
         return []  # lint_header reports it
     allowed = scope_of(match)
     if not allowed:
-        return [message(patch, "scope", f"unknown area [{match['area']}]; known: {', '.join(SCOPES)}")]
+        return [
+            message(
+                patch,
+                "scope",
+                f"unknown area [{match['area']}]; known: {', '.join(SCOPES)}",
+            )
+        ]
     return [
-        message(patch, "scope", f"{f.path} is outside what [{match['area']}] {match['title']!r} covers: {', '.join(allowed)}")
+        message(
+            patch,
+            "scope",
+            f"{f.path} is outside what [{match['area']}] {match['title']!r} covers: {', '.join(allowed)}",
+        )
         for f in patch_set
         if not f.path.startswith(allowed)
     ]
@@ -134,7 +162,9 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
             # In Python, indentation is block structure: a line that comes back with
             # another indentation moved into another block, which is no reformat.
             python = patched_file.path.endswith((".py", ".pyi"))
-            removed = {reformat_key(line.value, python) for line in hunk if line.is_removed}
+            removed = {
+                reformat_key(line.value, python) for line in hunk if line.is_removed
+            }
             # A line that comes back unchanged elsewhere in the hunk moved; that is no reformat.
             moved = {line.value for line in hunk if line.is_removed}
             for line in hunk:
@@ -142,8 +172,19 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
                     continue
                 value = line.value.rstrip("\n")
                 if value != value.rstrip() or "\t" in value:
-                    found.append(message(patch, "whitespace", "added line has trailing whitespace or a tab", line.diff_line_no))
-                if line.value.strip() and reformat_key(line.value, python) in removed and line.value not in moved:
+                    found.append(
+                        message(
+                            patch,
+                            "whitespace",
+                            "added line has trailing whitespace or a tab",
+                            line.diff_line_no,
+                        )
+                    )
+                if (
+                    line.value.strip()
+                    and reformat_key(line.value, python) in removed
+                    and line.value not in moved
+                ):
                     found.append(
                         message(
                             patch,
@@ -155,7 +196,9 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
     return found
 
 
-def added_lines(patch_sets: Dict[pathlib.Path, unidiff.PatchSet], path: str) -> Dict[int, Tuple[pathlib.Path, int]]:
+def added_lines(
+    patch_sets: Dict[pathlib.Path, unidiff.PatchSet], path: str
+) -> Dict[int, Tuple[pathlib.Path, int]]:
     """Line in the final patched ``path`` -> (patch, line in the patch), for every line the series adds.
 
     Follows each added line through the later patches: their hunks shift it, keep it as
@@ -170,7 +213,10 @@ def added_lines(patch_sets: Dict[pathlib.Path, unidiff.PatchSet], path: str) -> 
             hunks = list(patched_file)
             after: Dict[int, Tuple[pathlib.Path, int]] = {}
             for line_no, origin in lines.items():
-                if any(h.source_start <= line_no < h.source_start + h.source_length for h in hunks):
+                if any(
+                    h.source_start <= line_no < h.source_start + h.source_length
+                    for h in hunks
+                ):
                     continue  # the hunk that covers it says what becomes of it
                 # A hunk shifts the lines after its source range; one with no source
                 # lines ("-N,0") inserts after line N.
@@ -182,9 +228,17 @@ def added_lines(patch_sets: Dict[pathlib.Path, unidiff.PatchSet], path: str) -> 
                 after[line_no + shift] = origin
             for hunk in hunks:
                 for line in hunk:
-                    if line.is_added and line.target_line_no is not None and line.diff_line_no is not None:
+                    if (
+                        line.is_added
+                        and line.target_line_no is not None
+                        and line.diff_line_no is not None
+                    ):
                         after[line.target_line_no] = (patch, line.diff_line_no)
-                    elif line.is_context and line.source_line_no in lines and line.target_line_no is not None:
+                    elif (
+                        line.is_context
+                        and line.source_line_no in lines
+                        and line.target_line_no is not None
+                    ):
                         after[line.target_line_no] = lines[line.source_line_no]
             lines = after
     return lines
@@ -196,7 +250,9 @@ def changed_lines(before: str, after: str) -> Set[int]:
     Lines inserted between two lines count for both of them.
     """
     changed: Set[int] = set()
-    matcher = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines(), autojunk=False)
+    matcher = difflib.SequenceMatcher(
+        None, before.splitlines(), after.splitlines(), autojunk=False
+    )
     for tag, i1, i2, _, _ in matcher.get_opcodes():
         if tag == "insert":
             changed |= {i1, i1 + 1}
@@ -205,12 +261,15 @@ def changed_lines(before: str, after: str) -> Set[int]:
     return changed
 
 
-def lint_ufmt(tree: pathlib.Path, repo_path: str, added: Dict[int, Tuple[pathlib.Path, int]]) -> List[LintMessage]:
+def lint_ufmt(
+    tree: pathlib.Path, repo_path: str, added: Dict[int, Tuple[pathlib.Path, int]]
+) -> List[LintMessage]:
     """The lines the series adds to ``repo_path`` that PyTorch's black and usort would change."""
     text = (tree / repo_path).read_text()
     try:
         formatted = ufmt_format(repo_path, text)
-    except Exception as e:  # black and usort raise their own errors for code they cannot parse
+    except Exception as e:
+        # Black and usort raise their own errors for code they cannot parse.
         description = f"black/usort cannot format the patched {repo_path}: {type(e).__name__}: {e}"
         return [LintMessage("patches", None, None, CODE, "error", "ufmt", description)]
     found = []
@@ -224,7 +283,9 @@ def lint_ufmt(tree: pathlib.Path, repo_path: str, added: Dict[int, Tuple[pathlib
     return found
 
 
-def lint_added_code(tree: pathlib.Path, patches: series.Series, patch_sets) -> List[LintMessage]:
+def lint_added_code(
+    tree: pathlib.Path, patches: series.Series, patch_sets
+) -> List[LintMessage]:
     found = []
     for repo_path in patches.applied:
         added = added_lines(patch_sets, repo_path)
@@ -233,7 +294,14 @@ def lint_added_code(tree: pathlib.Path, patches: series.Series, patch_sets) -> L
             for m in flake8([str(tree / repo_path)]):
                 if m.line in added:
                     patch, diff_line = added[m.line]
-                    found.append(message(patch, f"flake8-{m.name}", f"{repo_path}:{m.line}: {m.description}", diff_line))
+                    found.append(
+                        message(
+                            patch,
+                            f"flake8-{m.name}",
+                            f"{repo_path}:{m.line}: {m.description}",
+                            diff_line,
+                        )
+                    )
         if repo_path.endswith((".py", ".pyi")):
             found += lint_ufmt(tree, repo_path, added)
         elif repo_path.endswith(series.HEADER_SUFFIXES):
@@ -241,32 +309,55 @@ def lint_added_code(tree: pathlib.Path, patches: series.Series, patch_sets) -> L
             for m in clang_format_messages(repo_path, text, ""):
                 for n in sorted(changed_lines(text, m.replacement or "") & set(added)):
                     patch, diff_line = added[n]
-                    description = f"{repo_path}:{n} is not in PyTorch's clang-format style"
+                    description = (
+                        f"{repo_path}:{n} is not in PyTorch's clang-format style"
+                    )
                     found.append(message(patch, "clang-format", description, diff_line))
     source = overlay.additions_source(patches)
     for m in clang_format_messages(series.REDUCER_CPP, source, ""):
         found.append(
             LintMessage(
-                "patches", None, None, CODE, "error", "clang-format",
+                "patches",
+                None,
+                None,
+                CODE,
+                "error",
+                "clang-format",
                 f"the lines the series adds to {' and '.join(series.COMPILED)} are not in PyTorch's clang-format style",
             )
         )
     return found
 
 
-def lint_agreement(base: bases.Base, patch_files: List[pathlib.Path], patches: series.Series) -> List[LintMessage]:
+def lint_agreement(
+    base: bases.Base, patch_files: List[pathlib.Path], patches: series.Series
+) -> List[LintMessage]:
     found = []
-    glue = re.findall(r'py::name\("(\w+)"\)', (REPO / "torch_overlay" / "bindings.cpp").read_text())
+    glue = re.findall(
+        r'py::name\("(\w+)"\)', (REPO / "torch_overlay" / "bindings.cpp").read_text()
+    )
     expected = sorted(patches.bound_methods + [r.binding for r in patches.replaced])
     # bindings.cpp serves every base; what this series does not bind, another one must.
     other_series = "".join(
-        p.read_text() for other in bases.BASES.values() if other != base for p in other.patches(REPO).glob("*.patch")
+        p.read_text()
+        for other in bases.BASES.values()
+        if other != base
+        for p in other.patches(REPO).glob("*.patch")
     )
-    unknown = [name for name in glue if name not in expected and f'+          "{name}",' not in other_series]
+    unknown = [
+        name
+        for name in glue
+        if name not in expected and f'+          "{name}",' not in other_series
+    ]
     if sorted(set(expected) - set(glue)) or unknown or len(set(glue)) != len(glue):
         found.append(
             LintMessage(
-                "torch_overlay/bindings.cpp", None, None, CODE, "error", "bindings",
+                "torch_overlay/bindings.cpp",
+                None,
+                None,
+                CODE,
+                "error",
+                "bindings",
                 f"binds {sorted(glue)}, but the init.cpp hunks and the functions the series changes "
                 f"bind {expected}, and no other series binds {unknown}",
             )
@@ -286,7 +377,12 @@ def lint_agreement(base: bases.Base, patch_files: List[pathlib.Path], patches: s
             if not mine.is_file() or mine.read_bytes() != added.read_bytes():
                 found.append(
                     LintMessage(
-                        str(mine.relative_to(REPO)), None, None, CODE, "error", "agree",
+                        str(mine.relative_to(REPO)),
+                        None,
+                        None,
+                        CODE,
+                        "error",
+                        "agree",
                         f"{mine.relative_to(REPO)} differs from the {relative} that the {base.name} series adds; "
                         "change both together",
                     )
@@ -298,12 +394,16 @@ def lint_agreement(base: bases.Base, patch_files: List[pathlib.Path], patches: s
 SNAPSHOT_ENV = "PATCH_SERIES_SNAPSHOT"
 
 
-def lint_git_am(torch: overlay.Torch, patch_files: List[pathlib.Path], patches: series.Series) -> List[LintMessage]:
+def lint_git_am(
+    torch: overlay.Torch, patch_files: List[pathlib.Path], patches: series.Series
+) -> List[LintMessage]:
     """The first patch that `git am` cannot apply on top of the ones before it, if any."""
     snapshot = os.environ.get(SNAPSHOT_ENV)
     with tempfile.TemporaryDirectory() as tmp:
         tree = pathlib.Path(tmp)
-        files = overlay.originals(torch, overlay.Manifest.read(torch.site_packages), patches.applied)
+        files = overlay.originals(
+            torch, overlay.Manifest.read(torch.site_packages), patches.applied
+        )
         excluded = []
         for path in series.SOURCE_ONLY:
             if snapshot and (pathlib.Path(snapshot) / path).is_file():
@@ -313,13 +413,29 @@ def lint_git_am(torch: overlay.Torch, patch_files: List[pathlib.Path], patches: 
         for path, data in files.items():
             (tree / path).parent.mkdir(parents=True, exist_ok=True)
             (tree / path).write_bytes(data)
-        git = ["git", "-c", "user.name=lint", "-c", "user.email=lint@localhost", "-C", str(tree)]
+        git = [
+            "git",
+            "-c",
+            "user.name=lint",
+            "-c",
+            "user.email=lint@localhost",
+            "-C",
+            str(tree),
+        ]
         for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
             subprocess.run(git + cmd, check=True, capture_output=True)
         for patch in patch_files:
-            result = subprocess.run(git + ["am", "-q", *excluded, str(patch)], capture_output=True, text=True)
+            result = subprocess.run(
+                git + ["am", "-q", *excluded, str(patch)],
+                capture_output=True,
+                text=True,
+            )
             if result.returncode != 0:
-                left_out = f" (its .cpp hunks left out: set {SNAPSHOT_ENV} to check them too)" if excluded else ""
+                left_out = (
+                    f" (its .cpp hunks left out: set {SNAPSHOT_ENV} to check them too)"
+                    if excluded
+                    else ""
+                )
                 description = f"git am fails on the base's files after the patches before it{left_out}: {result.stderr.strip()}"
                 return [message(patch, "am", description)]
     return []
@@ -348,8 +464,15 @@ def lint(paths: List[pathlib.Path]) -> List[LintMessage]:
     for name, patch_files in by_base.items():
         if name not in bases.BASES:
             found.append(
-                LintMessage(str(patch_files[0].parent.relative_to(REPO)), None, None, CODE, "error", "base",
-                            f"no base {name!r}: the series go in patches/BASE/, BASE one of {', '.join(bases.BASES)}")
+                LintMessage(
+                    str(patch_files[0].parent.relative_to(REPO)),
+                    None,
+                    None,
+                    CODE,
+                    "error",
+                    "base",
+                    f"no base {name!r}: the series go in patches/BASE/, BASE one of {', '.join(bases.BASES)}",
+                )
             )
             continue
         found += lint_series(bases.BASES[name], patch_files)
@@ -367,12 +490,24 @@ def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintM
         found += lint_noise(patch, patch_sets[patch])
     try:
         torch = base_torch(base)
-        patches = series.read_series(base.patches(REPO), torch.site_packages, replaceable=base.has_api)
+        patches = series.read_series(
+            base.patches(REPO), torch.site_packages, replaceable=base.has_api
+        )
         overlay.check_replacements(torch, patches)
-        sources = overlay.originals(torch, overlay.Manifest.read(torch.site_packages), patches.applied)
+        sources = overlay.originals(
+            torch, overlay.Manifest.read(torch.site_packages), patches.applied
+        )
         with tempfile.TemporaryDirectory() as tmp:
             overlay.apply_patches(pathlib.Path(tmp), patches, sources)
             found += lint_added_code(pathlib.Path(tmp), patches, patch_sets)
     except (series.SeriesError, overlay.OverlayError) as e:
-        return found + [LintMessage(f"patches/{base.name}", None, None, CODE, "error", "apply", str(e))]
-    return found + lint_git_am(torch, patch_files, patches) + lint_agreement(base, patch_files, patches)
+        return found + [
+            LintMessage(
+                f"patches/{base.name}", None, None, CODE, "error", "apply", str(e)
+            )
+        ]
+    return (
+        found
+        + lint_git_am(torch, patch_files, patches)
+        + lint_agreement(base, patch_files, patches)
+    )
