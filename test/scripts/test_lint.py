@@ -1,17 +1,26 @@
 """The lint adapters and the patch series linter find what they are for."""
 
+import ast
+import graphlib
 import json
+import pathlib
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 
+import pytest
 import unidiff
 
 from conftest import BASE, git, GIT, PATCHES, REPO
 
-sys.path.insert(0, str(REPO / "tools" / "linter"))
+LINTER = REPO / "tools" / "linter"
+sys.path.insert(0, str(LINTER))
 import adapter  # noqa: E402
+import checkers  # noqa: E402
 import patch_series  # noqa: E402
+from lint_message import LintMessage, LintSeverity  # noqa: E402
 
 REAL = sorted(PATCHES.glob("*.patch"))
 HEADER = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
@@ -199,14 +208,16 @@ def test_adapter_prints_only_lint_messages_on_stdout(tmp_path, monkeypatch, caps
             "[overlay] checking that nothing in libtorch but the Python bindings calls Reducer::reset_state"
         )
         return [
-            adapter.LintMessage(
-                str(paths[0]),
-                None,
-                None,
-                "PATCHES",
-                "error",
-                "apply",
-                "it does not apply",
+            LintMessage(
+                path=str(paths[0]),
+                line=None,
+                char=None,
+                code="PATCHES",
+                severity=LintSeverity.ERROR,
+                name="apply",
+                original=None,
+                replacement=None,
+                description="it does not apply",
             )
         ]
 
@@ -220,20 +231,81 @@ def test_adapter_prints_only_lint_messages_on_stdout(tmp_path, monkeypatch, caps
     assert "[overlay] checking that nothing in libtorch" in err
 
 
+def sibling_imports(path):
+    """The modules of tools/linter/ that ``path`` imports, at its top or inside a function."""
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            imported.add(node.module.split(".")[0])
+    return imported & {p.stem for p in LINTER.glob("*.py")}
+
+
+def test_the_linter_modules_import_each_other_without_a_cycle():
+    graph = {path.stem: sibling_imports(path) for path in LINTER.glob("*.py")}
+    assert graph["patch_series"] >= {"lint_message"}
+    # CycleError names the modules of a cycle.
+    graphlib.TopologicalSorter(graph).prepare()
+
+
+LINTERS = tomllib.loads((REPO / ".lintrunner.toml").read_text())["linter"]
+# What each linter is given to lint by the test below: a small file it lints, or for
+# PATCHES a series of no base, which it reports before it reads the patch.
+SAMPLES = {
+    "CLANGFORMAT": ("sample.cpp", "int f();\n"),
+    "PATCHES": ("patches/nobase/0001-sample.patch", None),
+}
+IMPORT_TIME = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(?P<module>\S+)$", re.M)
+
+
+@pytest.mark.parametrize("linter", LINTERS, ids=lambda linter: linter["code"])
+def test_each_linter_loads_its_modules_once(linter, tmp_path):
+    """lintrunner runs the linter's script as __main__: none of its modules may import it back.
+
+    If one did, the script would run a second time as a module of its own name, with
+    classes of its own (its LintMessage is another class than __main__'s).
+    """
+    name, text = SAMPLES.get(linter["code"], ("sample.py", "x = 1\n"))
+    path = tmp_path / name if text is not None else name
+    if text is not None:
+        path.write_text(text)
+    (tmp_path / "paths").write_text(f"{path}\n")
+    python, script, *args = [
+        arg.replace("{{PATHSFILE}}", str(tmp_path / "paths"))
+        for arg in linter["command"]
+    ]
+    assert python == "python3"
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", script, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert all(
+        json.loads(line)["code"] == linter["code"]
+        for line in result.stdout.splitlines()
+    )
+    imported = set(IMPORT_TIME.findall(result.stderr))
+    assert "lint_message" in imported
+    assert pathlib.Path(script).stem not in imported
+
+
 def test_flake8_adapter(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import os\n")
-    assert [(m.name, m.line) for m in adapter.flake8([str(bad)])] == [("F401", 1)]
+    assert [(m.name, m.line) for m in checkers.flake8([str(bad)])] == [("F401", 1)]
 
 
 def test_clang_format_adapter():
-    found = adapter.clang_format_messages("x.cpp", "int  f( ){return 1;}\n", "fix it")
+    found = checkers.clang_format_messages("x.cpp", "int  f( ){return 1;}\n", "fix it")
     assert (
         names(found) == ["format"]
         and found[0].replacement == "int f() {\n  return 1;\n}\n"
     )
     assert (
-        adapter.clang_format_messages("x.cpp", "int f() {\n  return 1;\n}\n", "") == []
+        checkers.clang_format_messages("x.cpp", "int f() {\n  return 1;\n}\n", "") == []
     )
 
 
@@ -249,23 +321,23 @@ def test_text_checks(tmp_path, monkeypatch):
 
 def test_ufmt_adapter(tmp_path, monkeypatch):
     # PyTorch 2.1's settings: black's default line length (88), usort with torch first-party in torch/.
-    assert adapter.ufmt_format("x.py", "x = {'a':1}\n") == 'x = {"a": 1}\n'
+    assert checkers.ufmt_format("x.py", "x = {'a':1}\n") == 'x = {"a": 1}\n'
     long_call = "x = f(" + ", ".join(["argument"] * 9) + ")\n"
     assert (
         len(long_call) < 120
-        and adapter.ufmt_format("x.py", long_call).count("\n") == 11
+        and checkers.ufmt_format("x.py", long_call).count("\n") == 11
     )
     imports = "import torch\nimport os\nimport numpy\n"
     assert (
-        adapter.ufmt_format("torch/x.py", imports)
+        checkers.ufmt_format("torch/x.py", imports)
         == "import os\n\nimport numpy\n\nimport torch\n"
     )
     assert (
-        adapter.ufmt_format("test/x.py", imports)
+        checkers.ufmt_format("test/x.py", imports)
         == "import os\n\nimport numpy\nimport torch\n"
     )
     assert (
-        adapter.ufmt_format("x.pyi", "def f(x: int) -> None:\n    ...\n")
+        checkers.ufmt_format("x.pyi", "def f(x: int) -> None:\n    ...\n")
         == "def f(x: int) -> None: ...\n"
     )
     monkeypatch.setattr(adapter, "REPO", tmp_path)

@@ -35,11 +35,12 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import unidiff
 
-from adapter import clang_format_messages, flake8, LintMessage, REPO, ufmt_format
+from checkers import clang_format_messages, flake8, ufmt_format
+from lint_message import LintMessage, LintSeverity, REPO
 
 sys.path.insert(0, str(REPO))
 from torch_overlay import bases, install as overlay, series  # noqa: E402
@@ -68,10 +69,27 @@ SCOPES: Dict[str, Tuple[str, ...]] = {
 }
 
 
-def message(patch: pathlib.Path, name: str, description: str, line=None) -> LintMessage:
+def error(
+    path: str, name: str, description: str, line: Optional[int] = None
+) -> LintMessage:
     return LintMessage(
-        str(patch.relative_to(REPO)), line, None, CODE, "error", name, description
+        path=path,
+        line=line,
+        char=None,
+        code=CODE,
+        severity=LintSeverity.ERROR,
+        name=name,
+        original=None,
+        replacement=None,
+        description=description,
     )
+
+
+def message(
+    patch: pathlib.Path, name: str, description: str, line: Optional[int] = None
+) -> LintMessage:
+    """An error in ``patch``, at ``line`` of the patch file if given."""
+    return error(str(patch.relative_to(REPO)), name, description, line)
 
 
 def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
@@ -271,7 +289,7 @@ def lint_ufmt(
     except Exception as e:
         # Black and usort raise their own errors for code they cannot parse.
         description = f"black/usort cannot format the patched {repo_path}: {type(e).__name__}: {e}"
-        return [LintMessage("patches", None, None, CODE, "error", "ufmt", description)]
+        return [error("patches", "ufmt", description)]
     found = []
     for n in sorted(changed_lines(text, formatted) & set(added)):
         patch, diff_line = added[n]
@@ -316,12 +334,8 @@ def lint_added_code(
     source = overlay.additions_source(patches)
     for m in clang_format_messages(series.REDUCER_CPP, source, ""):
         found.append(
-            LintMessage(
+            error(
                 "patches",
-                None,
-                None,
-                CODE,
-                "error",
                 "clang-format",
                 f"the lines the series adds to {' and '.join(series.COMPILED)} are not in PyTorch's clang-format style",
             )
@@ -351,12 +365,8 @@ def lint_agreement(
     ]
     if sorted(set(expected) - set(glue)) or unknown or len(set(glue)) != len(glue):
         found.append(
-            LintMessage(
+            error(
                 "torch_overlay/bindings.cpp",
-                None,
-                None,
-                CODE,
-                "error",
                 "bindings",
                 f"binds {sorted(glue)}, but the init.cpp hunks and the functions the series changes "
                 f"bind {expected}, and no other series binds {unknown}",
@@ -376,12 +386,8 @@ def lint_agreement(
             mine = base.repo_path(REPO, relative)
             if not mine.is_file() or mine.read_bytes() != added.read_bytes():
                 found.append(
-                    LintMessage(
+                    error(
                         str(mine.relative_to(REPO)),
-                        None,
-                        None,
-                        CODE,
-                        "error",
                         "agree",
                         f"{mine.relative_to(REPO)} differs from the {relative} that the {base.name} series adds; "
                         "change both together",
@@ -464,12 +470,8 @@ def lint(paths: List[pathlib.Path]) -> List[LintMessage]:
     for name, patch_files in by_base.items():
         if name not in bases.BASES:
             found.append(
-                LintMessage(
+                error(
                     str(patch_files[0].parent.relative_to(REPO)),
-                    None,
-                    None,
-                    CODE,
-                    "error",
                     "base",
                     f"no base {name!r}: the series go in patches/BASE/, BASE one of {', '.join(bases.BASES)}",
                 )
@@ -501,11 +503,7 @@ def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintM
             overlay.apply_patches(pathlib.Path(tmp), patches, sources)
             found += lint_added_code(pathlib.Path(tmp), patches, patch_sets)
     except (series.SeriesError, overlay.OverlayError) as e:
-        return found + [
-            LintMessage(
-                f"patches/{base.name}", None, None, CODE, "error", "apply", str(e)
-            )
-        ]
+        return found + [error(f"patches/{base.name}", "apply", str(e))]
     return (
         found
         + lint_git_am(torch, patch_files, patches)

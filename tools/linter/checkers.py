@@ -1,0 +1,150 @@
+"""The style checkers, with the repository's settings, that both the file linters and the
+patch series linter run: flake8 (.flake8), clang-format (.clang-format), and PyTorch 2.1's
+UFMT (black + usort).
+"""
+
+import pathlib
+import re
+import subprocess
+import sys
+from typing import List
+
+from lint_message import emit, LintMessage, LintSeverity, REPO
+
+
+def run_tool(code: str, cmd: List[str]) -> subprocess.CompletedProcess:
+    """Run a linter's command in the repository; if it cannot start, say so and exit."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    except OSError as e:
+        emit(
+            [
+                LintMessage(
+                    path=None,
+                    line=None,
+                    char=None,
+                    code=code,
+                    severity=LintSeverity.ERROR,
+                    name="command-failed",
+                    original=None,
+                    replacement=None,
+                    description=f"{cmd[0]}: {e}; run lintrunner init",
+                )
+            ]
+        )
+        sys.exit(0)
+
+
+def flake8(paths: List[str]) -> List[LintMessage]:
+    result = run_tool(
+        "FLAKE8",
+        [sys.executable, "-m", "flake8", "--config", str(REPO / ".flake8"), *paths],
+    )
+    pattern = re.compile(
+        r"^(?P<path>.*?):(?P<line>\d+):(?P<col>\d+): (?P<name>\S+) (?P<message>.*)$"
+    )
+    messages = []
+    for line in result.stdout.splitlines():
+        match = pattern.match(line)
+        if match:
+            messages.append(
+                LintMessage(
+                    path=match["path"],
+                    line=int(match["line"]),
+                    char=int(match["col"]),
+                    code="FLAKE8",
+                    severity=LintSeverity.ERROR,
+                    name=match["name"],
+                    original=None,
+                    replacement=None,
+                    description=match["message"],
+                )
+            )
+    if result.returncode not in (0, 1) or (result.returncode == 1 and not messages):
+        messages.append(
+            LintMessage(
+                path=None,
+                line=None,
+                char=None,
+                code="FLAKE8",
+                severity=LintSeverity.ERROR,
+                name="command-failed",
+                original=None,
+                replacement=None,
+                description=result.stderr.strip(),
+            )
+        )
+    return messages
+
+
+def clang_format_messages(path: str, text: str, description: str) -> List[LintMessage]:
+    """A "format" message for ``text``, the file ``path``, if clang-format would change it."""
+    result = subprocess.run(
+        [
+            "clang-format",
+            f"--style=file:{REPO / '.clang-format'}",
+            f"--assume-filename={path}",
+        ],
+        input=text,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        return [
+            LintMessage(
+                path=path,
+                line=None,
+                char=None,
+                code="CLANGFORMAT",
+                severity=LintSeverity.ERROR,
+                name="command-failed",
+                original=None,
+                replacement=None,
+                description=result.stderr.strip(),
+            )
+        ]
+    if result.stdout == text:
+        return []
+    return [
+        LintMessage(
+            path=path,
+            line=None,
+            char=None,
+            code="CLANGFORMAT",
+            severity=LintSeverity.WARNING,
+            name="format",
+            original=text,
+            replacement=result.stdout,
+            description=description,
+        )
+    ]
+
+
+# PyTorch 2.1's UFMT linter (black + usort through ufmt, pinned in requirements-lint.txt as its
+# .lintrunner.toml pins them) with its settings: pyproject.toml's [tool.black] sets only these
+# target versions (black's default line length, 88), and there is no [tool.usort].
+BLACK_TARGET_VERSIONS = ("PY38", "PY39", "PY310", "PY311")
+
+
+def ufmt_format(path: str, text: str) -> str:
+    """``text`` as PyTorch's UFMT linter would format the file ``path`` of the PyTorch tree.
+
+    Raises what black and usort raise for a file they cannot parse.
+    """
+    import black
+    from ufmt.core import ufmt_bytes
+    from usort import Config
+    from usort.config import CAT_FIRST_PARTY
+
+    mode = black.Mode(
+        target_versions={black.TargetVersion[v] for v in BLACK_TARGET_VERSIONS}
+    )
+    usort_config = Config()
+    # usort's first-party detection, as it works in a PyTorch tree: a file in the torch
+    # package (torch/__init__.py at the root) has torch as its first party.
+    if path.startswith("torch/"):
+        usort_config.known["torch"] = CAT_FIRST_PARTY
+    # ufmt_bytes runs usort, then black (in stub mode for a .pyi), as upstream's adapter does.
+    return ufmt_bytes(
+        pathlib.Path(path), text.encode(), black_config=mode, usort_config=usort_config
+    ).decode()

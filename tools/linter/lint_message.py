@@ -1,0 +1,52 @@
+"""lintrunner's lint messages, as every linter of .lintrunner.toml prints them.
+
+A linter prints one JSON object a line on stdout, each a LintMessage, and nothing else.
+"""
+
+import contextlib
+import json
+import pathlib
+import sys
+from enum import Enum
+from typing import Callable, Iterable, NamedTuple, Optional
+
+# The repository's root: lintrunner runs the linters there, and the paths it passes are
+# relative to it.
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+class LintSeverity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    ADVICE = "advice"
+    DISABLED = "disabled"
+
+
+class LintMessage(NamedTuple):
+    path: Optional[str]
+    line: Optional[int]
+    char: Optional[int]
+    code: str
+    severity: LintSeverity
+    name: str
+    original: Optional[str]
+    replacement: Optional[str]
+    description: Optional[str]
+
+
+def emit(messages: Iterable[LintMessage]) -> None:
+    for message in messages:
+        print(json.dumps(message._asdict()), flush=True)
+
+
+def lint_and_emit(lint: Callable[[], Iterable[LintMessage]]) -> None:
+    """Run ``lint`` and print its messages, with what it prints on the way sent to stderr.
+
+    lintrunner reads stdout as lint messages, so nothing else may go there: the patch series
+    linter's overlay prints its progress when it first checks a wheel, before its result is
+    in the build cache. (The linters' own subprocesses capture their output, so Python's
+    stdout is the one to redirect.)
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        messages = list(lint())
+    emit(messages)
