@@ -224,8 +224,8 @@ def test_adapter_prints_only_lint_messages_on_stdout(tmp_path, monkeypatch, caps
     monkeypatch.setattr(patch_series, "lint", lint)
     paths = tmp_path / "paths"
     paths.write_text(f"{REAL[0].relative_to(REPO)}\n")
-    monkeypatch.setattr(sys, "argv", ["adapter.py", "patches", f"@{paths}"])
-    adapter.main()
+    monkeypatch.setattr(sys, "argv", ["patch_series.py", f"@{paths}"])
+    patch_series.main()
     out, err = capsys.readouterr()
     assert [json.loads(line)["name"] for line in out.splitlines()] == ["apply"]
     assert "[overlay] checking that nothing in libtorch" in err

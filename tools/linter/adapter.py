@@ -8,11 +8,11 @@ One entry point serves every linter in .lintrunner.toml:
   adapter.py mypy @PATHSFILE            mypy with mypy.ini
   adapter.py ufmt @PATHSFILE            black + usort, as PyTorch 2.1's UFMT linter runs them
   adapter.py newlines|spaces|tabs @PATHSFILE
-  adapter.py patches @PATHSFILE         the patch series linter (tools/linter/patch_series.py)
+
+The patch series linter is tools/linter/patch_series.py.
 """
 
 import argparse
-import pathlib
 import re
 import subprocess
 import sys
@@ -205,7 +205,6 @@ def main() -> None:
         "newlines",
         "spaces",
         "tabs",
-        "patches",
     )
     parser.add_argument("linter", choices=linters)
     parser.add_argument(
@@ -232,10 +231,6 @@ def run_linter(linter: str, paths: List[str]) -> List[LintMessage]:
         return mypy(paths)
     if linter == "ufmt":
         return ufmt(paths)
-    if linter == "patches":
-        import patch_series  # next to this file, so on sys.path
-
-        return patch_series.lint([pathlib.Path(p) for p in paths])
     return text_checks(linter, paths)
 
 
