@@ -17,9 +17,10 @@ from conftest import BASE, git, GIT, PATCHES, REPO
 
 LINTER = REPO / "tools" / "linter"
 sys.path.insert(0, str(LINTER))
-import adapter  # noqa: E402
 import checkers  # noqa: E402
 import patch_series  # noqa: E402
+import text_linter  # noqa: E402
+import ufmt_linter  # noqa: E402
 from lint_message import LintMessage, LintSeverity  # noqa: E402
 
 REAL = sorted(PATCHES.glob("*.patch"))
@@ -310,13 +311,13 @@ def test_clang_format_adapter():
 
 
 def test_text_checks(tmp_path, monkeypatch):
-    monkeypatch.setattr(adapter, "REPO", tmp_path)
+    monkeypatch.setattr(text_linter, "REPO", tmp_path)
     (tmp_path / "a.txt").write_text("x \n\ty\n\n")
-    assert names(adapter.text_checks("spaces", ["a.txt"])) == ["trailing-space"]
-    assert names(adapter.text_checks("tabs", ["a.txt"])) == ["tab"]
-    assert names(adapter.text_checks("newlines", ["a.txt"])) == ["newline"]
+    assert names(text_linter.text_checks("spaces", ["a.txt"])) == ["trailing-space"]
+    assert names(text_linter.text_checks("tabs", ["a.txt"])) == ["tab"]
+    assert names(text_linter.text_checks("newlines", ["a.txt"])) == ["newline"]
     (tmp_path / "b.txt").write_text("fine\n")
-    assert adapter.text_checks("newlines", ["b.txt"]) == []
+    assert text_linter.text_checks("newlines", ["b.txt"]) == []
 
 
 def test_ufmt_adapter(tmp_path, monkeypatch):
@@ -340,11 +341,11 @@ def test_ufmt_adapter(tmp_path, monkeypatch):
         checkers.ufmt_format("x.pyi", "def f(x: int) -> None:\n    ...\n")
         == "def f(x: int) -> None: ...\n"
     )
-    monkeypatch.setattr(adapter, "REPO", tmp_path)
+    monkeypatch.setattr(ufmt_linter, "REPO", tmp_path)
     (tmp_path / "bad.py").write_text("x = {'a':1}\n")
     (tmp_path / "good.py").write_text('x = {"a": 1}\n')
     (tmp_path / "broken.py").write_text("def (:\n")
-    found = adapter.ufmt(["bad.py", "good.py", "broken.py"])
+    found = ufmt_linter.ufmt(["bad.py", "good.py", "broken.py"])
     assert [(m.path, m.name) for m in found] == [
         ("bad.py", "format"),
         ("broken.py", "command-failed"),

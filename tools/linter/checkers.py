@@ -1,6 +1,6 @@
-"""The style checkers, with the repository's settings, that both the file linters and the
-patch series linter run: flake8 (.flake8), clang-format (.clang-format), and PyTorch 2.1's
-UFMT (black + usort).
+"""The style checkers that both the file linters and the patch series linter run, with
+the repository's settings: flake8 (.flake8), clang-format (.clang-format), and PyTorch
+2.1's UFMT (black + usort).
 """
 
 import pathlib

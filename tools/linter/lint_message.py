@@ -1,8 +1,8 @@
-"""lintrunner's lint messages, as every linter of .lintrunner.toml prints them.
-
-A linter prints one JSON object a line on stdout, each a LintMessage, and nothing else.
+"""What every linter of .lintrunner.toml shares with lintrunner: the paths it is given,
+and the lint messages it prints, one JSON object a line on stdout, and nothing else.
 """
 
+import argparse
 import contextlib
 import json
 import pathlib
@@ -32,6 +32,21 @@ class LintMessage(NamedTuple):
     original: Optional[str]
     replacement: Optional[str]
     description: Optional[str]
+
+
+def argument_parser(description: str) -> argparse.ArgumentParser:
+    """A linter's command line: the paths that lintrunner passes it as @PATHSFILE."""
+    parser = argparse.ArgumentParser(
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        fromfile_prefix_chars="@",
+    )
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        help="the files to lint, or @PATHSFILE, a file that names them one a line",
+    )
+    return parser
 
 
 def emit(messages: Iterable[LintMessage]) -> None:

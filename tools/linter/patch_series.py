@@ -27,7 +27,6 @@ wheel of its base (the venv of scripts/overlay install --base BASE):
   not checked (v2.1.2's distributed.py and _distributed_c10d.pyi are UFMT-clean).
 """
 
-import argparse
 import difflib
 import email.parser
 import os
@@ -41,7 +40,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import unidiff
 
 from checkers import clang_format_messages, flake8, ufmt_format
-from lint_message import lint_and_emit, LintMessage, LintSeverity, REPO
+from lint_message import argument_parser, lint_and_emit, LintMessage, LintSeverity, REPO
 
 sys.path.insert(0, str(REPO))
 from torch_overlay import bases, install as overlay, series  # noqa: E402
@@ -513,17 +512,7 @@ def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintM
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        fromfile_prefix_chars="@",
-    )
-    parser.add_argument(
-        "paths",
-        nargs="*",
-        help="the patch files, or @PATHSFILE, a file that names them one a line",
-    )
-    args = parser.parse_args()
+    args = argument_parser(__doc__).parse_args()
     lint_and_emit(lambda: lint([pathlib.Path(p) for p in args.paths]))
 
 

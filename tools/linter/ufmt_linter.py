@@ -1,0 +1,69 @@
+"""UFMT: black + usort, as PyTorch 2.1's UFMT linter runs them.
+
+`lintrunner -a` applies their changes.
+"""
+
+from typing import List
+
+from checkers import ufmt_format
+from lint_message import argument_parser, lint_and_emit, LintMessage, LintSeverity, REPO
+
+UFMT_DESCRIPTION = "Run `lintrunner -a` to apply PyTorch's black and usort formatting."
+# The test files that the patch series builds (this repository keeps a copy per base).
+SERIES_BUILT = "test/distributed/"
+SERIES_BUILT_DESCRIPTION = (
+    UFMT_DESCRIPTION
+    + " The patch series builds this file: change the patch that adds these lines the same way."
+)
+
+
+def ufmt(paths: List[str]) -> List[LintMessage]:
+    messages = []
+    for path in paths:
+        text = (REPO / path).read_text()
+        try:
+            formatted = ufmt_format(path, text)
+        except Exception as e:
+            # Black and usort raise their own errors for code they cannot parse.
+            messages.append(
+                LintMessage(
+                    path=path,
+                    line=None,
+                    char=None,
+                    code="UFMT",
+                    severity=LintSeverity.ERROR,
+                    name="command-failed",
+                    original=None,
+                    replacement=None,
+                    description=f"{type(e).__name__}: {e}",
+                )
+            )
+            continue
+        if formatted != text:
+            messages.append(
+                LintMessage(
+                    path=path,
+                    line=None,
+                    char=None,
+                    code="UFMT",
+                    severity=LintSeverity.WARNING,
+                    name="format",
+                    original=text,
+                    replacement=formatted,
+                    description=(
+                        SERIES_BUILT_DESCRIPTION
+                        if path.startswith(SERIES_BUILT)
+                        else UFMT_DESCRIPTION
+                    ),
+                )
+            )
+    return messages
+
+
+def main() -> None:
+    args = argument_parser(__doc__).parse_args()
+    lint_and_emit(lambda: ufmt(args.paths))
+
+
+if __name__ == "__main__":
+    main()
