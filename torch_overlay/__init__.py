@@ -1,4 +1,5 @@
-"""Carries the patch series in patches/ onto the released torch 2.1.2 wheel.
+"""Carries a patch series in patches/BASE onto the released wheel of its base.
 
-See install.py for what gets installed, and series.py for how the series is read.
+series.py reads the series; codegen.py and build.py make the extension from it;
+install.py installs, checks and removes the overlay in a torch's site-packages.
 """

@@ -4,8 +4,10 @@ import argparse
 import pathlib
 import sys
 
-from torch_overlay import bases, install as overlay
+from torch_overlay import bases, install
+from torch_overlay.reporting import OverlayError
 from torch_overlay.series import SeriesError
+from torch_overlay.wheel import Torch
 
 
 def main(argv=None) -> int:
@@ -26,14 +28,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     base = bases.get(args.base)
     try:
-        torch = overlay.Torch.find()
+        torch = Torch.find()
         if args.action == "install":
-            overlay.install(args.repo, torch, base, fixes_only=args.fixes_only)
+            install.install(args.repo, torch, base, fixes_only=args.fixes_only)
         elif args.action == "status":
-            return overlay.status(args.repo, torch, base, fixes_only=args.fixes_only)
+            return install.print_status(
+                args.repo, torch, base, fixes_only=args.fixes_only
+            )
         else:
-            overlay.uninstall(torch)
-    except (overlay.OverlayError, SeriesError) as e:
+            install.uninstall(torch)
+    except (OverlayError, SeriesError) as e:
         print(f"overlay {args.action}: error: {e}", file=sys.stderr)
         return 2
     return 0

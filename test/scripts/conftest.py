@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from torch_overlay import bases, install as overlay, series
+from torch_overlay import bases, install, series
+from torch_overlay.wheel import Torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # The scripts' tests run in the default base's venv, on its series.
@@ -21,12 +22,11 @@ USER = ("Pat Contributor", "pat@example.com")
 
 def _wheel_originals():
     """The torch 2.1.2 wheel's own bytes for the files the series patches, by installed path."""
-    torch = overlay.Torch.find()
-    manifest = overlay.Manifest.read(torch.site_packages)
+    torch = Torch.find()
     applied = series.read_series(PATCHES, torch.site_packages).applied
     return {
         series.installed_path(p): data
-        for p, data in overlay.originals(torch, manifest, applied).items()
+        for p, data in install.read_originals(torch, applied).items()
     }
 
 
@@ -38,7 +38,7 @@ def stand_in(path: str) -> str:
 
     Lines that are apart in the base file are kept apart by a marker line.
     """
-    torch = overlay.Torch.find()
+    torch = Torch.find()
     base_lines = series.read_series(PATCHES, torch.site_packages).base_lines[path]
     assert base_lines, f"the series does not change {path}"
     text, last = [], None

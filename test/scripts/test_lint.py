@@ -162,7 +162,7 @@ def test_test_file_must_agree_with_the_series(tmp_path, monkeypatch):
     test_file.write_text(BASE.test_file(REPO).read_text() + "# drift\n")
     monkeypatch.setattr(patch_series, "REPO", copy)
     series = patch_series.series.read_series(
-        PATCHES, patch_series.overlay.Torch.find().site_packages
+        PATCHES, patch_series.wheel.Torch.find().site_packages
     )
     found = patch_series.lint_agreement(BASE, REAL, series)
     assert names(found) == ["agree"]
@@ -186,7 +186,7 @@ def test_test_file_must_agree_with_the_series(tmp_path, monkeypatch):
 
 
 def test_git_am_commit_by_commit(tmp_path, monkeypatch):
-    torch = patch_series.overlay.Torch.find()
+    torch = patch_series.wheel.Torch.find()
     series = patch_series.series.read_series(PATCHES, torch.site_packages)
     # Without a snapshot, the .cpp hunks are left out, and the rest applies.
     monkeypatch.delenv(patch_series.SNAPSHOT_ENV, raising=False)

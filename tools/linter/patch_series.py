@@ -43,7 +43,8 @@ from checkers import clang_format_messages, flake8, ufmt_format
 from lint_message import argument_parser, lint_and_emit, LintMessage, LintSeverity, REPO
 
 sys.path.insert(0, str(REPO))
-from torch_overlay import bases, install as overlay, series  # noqa: E402
+from torch_overlay import bases, codegen, install, series, wheel  # noqa: E402
+from torch_overlay.reporting import OverlayError  # noqa: E402
 
 CODE = "PATCHES"
 TEST_PLAN = re.compile(r"^Test Plan:", re.M)
@@ -331,7 +332,7 @@ def lint_added_code(
                         f"{repo_path}:{n} is not in PyTorch's clang-format style"
                     )
                     found.append(message(patch, "clang-format", description, diff_line))
-    source = overlay.additions_source(patches)
+    source = codegen.generate_additions(patches)
     for m in clang_format_messages(series.REDUCER_CPP, source, ""):
         found.append(
             error(
@@ -401,15 +402,13 @@ SNAPSHOT_ENV = "PATCH_SERIES_SNAPSHOT"
 
 
 def lint_git_am(
-    torch: overlay.Torch, patch_files: List[pathlib.Path], patches: series.Series
+    torch: wheel.Torch, patch_files: List[pathlib.Path], patches: series.Series
 ) -> List[LintMessage]:
     """The first patch that `git am` cannot apply on top of the ones before it, if any."""
     snapshot = os.environ.get(SNAPSHOT_ENV)
     with tempfile.TemporaryDirectory() as tmp:
         tree = pathlib.Path(tmp)
-        files = overlay.originals(
-            torch, overlay.Manifest.read(torch.site_packages), patches.applied
-        )
+        files = install.read_originals(torch, patches.applied)
         excluded = []
         for path in series.SOURCE_ONLY:
             if snapshot and (pathlib.Path(snapshot) / path).is_file():
@@ -447,19 +446,19 @@ def lint_git_am(
     return []
 
 
-def base_torch(base: bases.Base) -> overlay.Torch:
+def base_torch(base: bases.Base) -> wheel.Torch:
     """The torch of ``base``'s overlay venv: this interpreter's, or the venv scripts/overlay makes for it."""
-    torch = overlay.Torch.find()
+    torch = wheel.Torch.find()
     if bases.parse(torch.version) == base.release:
         return torch
     venv = base.venv(REPO)
     found = sorted(venv.glob("lib/python*/site-packages"))
     if not found:
-        raise overlay.OverlayError(
+        raise OverlayError(
             f"the {base.name} series is linted against torch {base.torch}, which is not in {venv}: "
             f"run scripts/overlay install --base {base.name}"
         )
-    return overlay.Torch.at(found[0])
+    return wheel.Torch.at(found[0])
 
 
 def lint(paths: List[pathlib.Path]) -> List[LintMessage]:
@@ -495,14 +494,12 @@ def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintM
         patches = series.read_series(
             base.patches(REPO), torch.site_packages, replaceable=base.has_api
         )
-        overlay.check_replacements(torch, patches)
-        sources = overlay.originals(
-            torch, overlay.Manifest.read(torch.site_packages), patches.applied
-        )
+        install.check_replacements(torch, patches)
+        sources = install.read_originals(torch, patches.applied)
         with tempfile.TemporaryDirectory() as tmp:
-            overlay.apply_patches(pathlib.Path(tmp), patches, sources)
+            install.apply_patches(pathlib.Path(tmp), patches, sources)
             found += lint_added_code(pathlib.Path(tmp), patches, patch_sets)
-    except (series.SeriesError, overlay.OverlayError) as e:
+    except (series.SeriesError, OverlayError) as e:
         return found + [error(f"patches/{base.name}", "apply", str(e))]
     return (
         found
