@@ -24,7 +24,31 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 // clang-format on
 
+#include "redirect.h"
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // Before anything can call them: libtorch's callers of the functions the
+  // series changes reach the patched definitions from here on.
+  static const auto redirected = torch_overlay::install_redirects();
+  m.def(
+      "_redirected",
+      [] {
+        std::vector<
+            std::tuple<std::string, std::string, size_t, size_t, size_t>>
+            slots;
+        for (const auto& library : redirected) {
+          slots.emplace_back(
+              library.symbol,
+              library.library,
+              library.jump_slots,
+              library.got_entries,
+              library.data_pointers);
+        }
+        return slots;
+      },
+      "The relocations that the extension pointed at its definitions when it "
+      "loaded: (symbol, library, PLT slots, GOT entries, data pointers) per "
+      "symbol and library.");
   py::module c10d = py::module::import("torch._C._distributed_c10d");
   py::object reducer = c10d.attr("Reducer");
 #ifdef TORCH_OVERLAY_BIND_RESET_STATE

@@ -3,25 +3,18 @@
 import fcntl
 import hashlib
 import importlib.metadata
-import os
 import pathlib
 import shutil
 import subprocess
 import sys
+from typing import List, Sequence
 
-from torch_overlay import codegen
+from torch_overlay import cache, callers, codegen, cpp_classes
+from torch_overlay.cpp_classes import AddedMember
 from torch_overlay.reporting import OverlayError, progress
 from torch_overlay.series import Series
 
 OVERLAY_DIR = pathlib.Path(__file__).resolve().parent
-
-
-def locate_build_cache() -> pathlib.Path:
-    """Where built extensions are kept, by what they were built from."""
-    return (
-        pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
-        / "torch_overlay"
-    )
 
 
 def describe_torch() -> str:
@@ -46,24 +39,104 @@ def sync_tree(source: pathlib.Path, target: pathlib.Path) -> None:
         write_if_changed(target / relative, (source / relative).read_text())
 
 
-def build_extension(include: pathlib.Path, series: Series) -> pathlib.Path:
-    """Compile the additions and bindings; returns the built module's path.
+# The classes of torch._C._distributed_c10d that bindings.cpp binds methods onto.
+BOUND_CLASSES = ("Reducer", "Logger", "ProcessGroup", "Backend")
+# The overlay's own C++, besides the generated sources.
+CPP_SOURCES = ("bindings.cpp", "redirect.cpp")
+CPP_HEADERS = ("reducer_prelude.h", "redirect.h")
+# Where the wheel's include directory keeps c10d's headers.
+C10D_HEADERS = "torch/csrc/distributed/c10d"
+
+
+def find_prologue_targets(
+    headers: pathlib.Path, lib_dir: pathlib.Path, series: Series
+) -> List[codegen.PrologueTarget]:
+    """Return, for each prologue of the series, its symbol in the wheel and its class's base.
+
+    Args:
+        headers: the wheel's c10d headers, which declare the classes.
+        lib_dir: the wheel's libraries, which define the functions.
+        series: the series.
+
+    Raises OverlayError where no library of the wheel exports the function, or
+    no header declares its class with a base.
+    """
+    if not series.prologues:
+        return []
+    declared = {}
+    for header in sorted(headers.rglob("*.h*")):
+        classes, _ = cpp_classes.scan(header.read_text(errors="replace"))
+        declared.update({c.qualified: c for c in classes})
+    targets = []
+    for prologue in series.prologues:
+        try:
+            defined = callers.find_definitions(lib_dir, "::" + prologue.name + "(")
+        except callers.CallersError as e:
+            raise OverlayError(str(e)) from e
+        if len(defined) != 1:
+            raise OverlayError(
+                f"{prologue.path}: the series adds statements at the start of "
+                f"{prologue.name}, which {len(defined)} functions of the wheel's libraries "
+                "define, not one"
+            )
+        symbol, demangled, _ = defined[0]
+        qualified = demangled.split("(", 1)[0].rsplit("::", 1)[0]
+        klass = declared.get(qualified)
+        if klass is None or not klass.bases:
+            raise OverlayError(
+                f"{prologue.path}: no header of the wheel declares {qualified} with a "
+                f"base, whose member the statements that {prologue.name} gains are"
+            )
+        targets.append(
+            codegen.PrologueTarget(
+                prologue=prologue,
+                symbol=symbol,
+                namespace=qualified.rsplit("::", 1)[0],
+                base=klass.bases[0],
+            )
+        )
+    return targets
+
+
+def build_extension(
+    include: pathlib.Path, series: Series, members: Sequence[AddedMember] = ()
+) -> pathlib.Path:
+    """Compile the extension; return the built module's path.
+
+    Args:
+        include: the wheel's headers as the series patches them, without the
+            data members it adds (``members``).
+        series: the series.
+        members: the data members that the series adds to classes of the
+            wheel, which the extension carries in shims.
 
     A module built before from the same sources and headers, for the same torch,
     is taken from the build cache instead: series that differ only in Python,
     such as most of scripts/mutants' mutants, then install in seconds.
     """
-    source = codegen.generate_additions(series)
+    import torch
+
+    wheel = pathlib.Path(torch.__file__).parent
+    try:
+        source = codegen.generate_additions(
+            series,
+            members,
+            find_prologue_targets(
+                wheel / "include" / C10D_HEADERS, wheel / "lib", series
+            ),
+        )
+    except codegen.CodegenError as e:
+        raise OverlayError(str(e)) from e
     renames = codegen.generate_renames(series, include)
     key = hashlib.sha256(source.encode() + b"\0" + renames.encode())
-    for name in ("bindings.cpp", "reducer_prelude.h"):
+    for name in CPP_SOURCES + CPP_HEADERS:
         key.update(name.encode() + b"\0" + (OVERLAY_DIR / name).read_bytes())
     for header in sorted(p for p in include.rglob("*") if p.is_file()):
         key.update(
             str(header.relative_to(include)).encode() + b"\0" + header.read_bytes()
         )
     key.update(describe_torch().encode())
-    cached_dir = locate_build_cache() / key.hexdigest()[:32]
+    cached_dir = cache.locate_cache() / key.hexdigest()[:32]
     cached = sorted(cached_dir.glob("_C*.so"))
     if cached:
         progress(f"the extension was built from these sources before: {cached_dir}")
@@ -75,32 +148,25 @@ def build_extension(include: pathlib.Path, series: Series) -> pathlib.Path:
         raise OverlayError(
             "no C++ compiler found (c++ or g++); install one, e.g. apt-get install g++"
         )
-    from torch._C._distributed_c10d import Reducer as StockReducer
+    import torch._C._distributed_c10d as c10d
 
-    # The wheel's own bindings of the replaced functions, which the extension replaces.
-    replaced_bindings = {
-        r.binding: StockReducer.__dict__.get(r.binding) for r in series.replaced
+    # The wheel's own bindings of the names the extension binds: those it changes
+    # must be gone once it has loaded.
+    stock = {
+        (cls, name): getattr(c10d, cls).__dict__.get(name)
+        for cls in BOUND_CLASSES
+        for name in series.bound_methods
     }
-    unbound = [
-        f"c10d::{r.name} ({r.binding})"
-        for r in series.replaced
-        if replaced_bindings[r.binding] is None
-    ]
-    if unbound:
-        raise OverlayError(
-            f"the series changes {', '.join(unbound)}, which torch {importlib.metadata.version('torch')} "
-            "does not bind on torch._C._distributed_c10d.Reducer: the overlay can only replace a "
-            "function through its Python binding"
-        )
     progress(
-        f"compiling {len(series.fragments)} addition(s) to reducer.cpp and logger.cpp, "
-        f"{len(series.replaced)} replaced function(s), and the bindings"
+        f"compiling {len(series.added)} added and {len(series.replaced)} changed "
+        f"function(s), {len(series.prologues)} prologue(s), {len(members)} added data "
+        "member(s), and the bindings"
     )
     # One ninja directory per torch and Python, kept between builds, whose inputs are
     # written only where they changed: a series that changes only reducer.cpp's lines,
     # such as a C++ mutant, recompiles only them.
     work = (
-        locate_build_cache()
+        cache.locate_cache()
         / "work"
         / hashlib.sha256(describe_torch().encode()).hexdigest()[:16]
     )
@@ -115,7 +181,8 @@ def build_extension(include: pathlib.Path, series: Series) -> pathlib.Path:
         try:
             module = cpp_extension.load(
                 name="_C",
-                sources=[str(OVERLAY_DIR / "bindings.cpp"), str(additions)],
+                sources=[str(OVERLAY_DIR / name) for name in CPP_SOURCES]
+                + [str(additions)],
                 extra_include_paths=[
                     str(work / "include"),
                     str(OVERLAY_DIR),
@@ -128,21 +195,18 @@ def build_extension(include: pathlib.Path, series: Series) -> pathlib.Path:
         except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
             raise OverlayError(f"building the overlay extension failed:\n{e}") from e
     built = pathlib.Path(module.__file__)
-    from torch._C._distributed_c10d import Logger, Reducer
-
     missing = [
         name
         for name in series.bound_methods
-        if not hasattr(Reducer, name) and not hasattr(Logger, name)
-    ]
-    missing += [
-        r.binding
-        for r in series.replaced
-        if Reducer.__dict__.get(r.binding) is replaced_bindings[r.binding]
+        if all(
+            getattr(c10d, cls).__dict__.get(name) is stock[cls, name]
+            for cls in BOUND_CLASSES
+        )
     ]
     if missing:
         raise OverlayError(
-            f"the extension built but did not bind {missing} onto Reducer or Logger"
+            f"the extension built but did not bind {missing} onto "
+            f"{', '.join(BOUND_CLASSES)}"
         )
     cached_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(built, cached_dir / (built.name + ".partial"))

@@ -26,7 +26,8 @@ import subprocess
 import tempfile
 from typing import Callable, Dict, List, Optional
 
-from torch_overlay import bases, build, callers, codegen
+from torch_overlay import bases, build, callers, carriage, codegen, cpp_classes
+from torch_overlay.cpp_classes import AddedMember
 from torch_overlay.reporting import OverlayError, progress
 from torch_overlay.series import HEADER_SUFFIXES, installed_path, read_series, Series
 from torch_overlay.wheel import sha256, Torch
@@ -139,6 +140,7 @@ def install(
     base: bases.Base,
     builder: Callable[..., pathlib.Path] = build.build_extension,
     fixes_only: bool = False,
+    check: Optional[Callable[..., None]] = None,
 ) -> None:
     """Install the overlay generated from ``base``'s series in ``repo`` into ``torch``'s site-packages.
 
@@ -146,12 +148,16 @@ def install(
         repo: the repository, whose ``patches/<base>/`` the overlay is generated from.
         torch: the torch distribution to patch.
         base: the release whose series to carry; ``torch`` must be of its line.
-        builder: compiles the extension; called as ``builder(include_dir, series)`` and
-            returns the built module's path.
+        builder: compiles the extension; called as ``builder(include_dir, series,
+            members)`` and returns the built module's path.
         fixes_only: carry only the patches that fix bugs, which the series starts
             with (through ``base.last_fix``); ``torch`` may then also be one of
             ``base.fixes_also_on``.
+        check: checks that the built extension reaches every caller of what it
+            changes in libtorch; called as ``check(torch, built, series, members)``.
+            Default: :func:`check_built_carriage`.
     """
+    check = check or check_built_carriage
     try:
         base.check_fixes(torch.version) if fixes_only else base.check(torch.version)
     except bases.UnsupportedTorch as e:
@@ -171,7 +177,6 @@ def install(
     if manifest is not None:
         progress("installed overlay is out of date with patches/: rebuilding")
 
-    check_replacements(torch, series)
     sources = read_originals(torch, series.applied)
     # What an earlier series patched and this one does not goes back to the wheel's bytes.
     newly_applied = {installed_path(p) for p in series.applied}
@@ -188,6 +193,7 @@ def install(
             f"applying {len(series.patches)} patches to {', '.join(series.applied)}"
         )
         patched = apply_patches(tmp_dir / "tree", series, sources)
+        members = strip_added_members(sources, patched)
         if DDP_MODULE in patched:
             patched[DDP_MODULE] += generate_extension_loader(torch.version).encode()
         include = tmp_dir / "include"
@@ -203,7 +209,8 @@ def install(
                     torch.site_packages / installed_path(header),
                     include / header,
                 )
-        built = builder(include, series)
+        built = builder(include, series, members)
+        check(torch, built, series, members)
 
         package_new = torch.site_packages / (PACKAGE + ".new")
         shutil.rmtree(package_new, ignore_errors=True)
@@ -256,56 +263,46 @@ def read_base_series(
         count = len(base.fix_patches(repo)) if fixes_only else None
     except bases.UnsupportedTorch as e:
         raise OverlayError(str(e)) from e
-    return read_series(
-        base.patches(repo), torch.site_packages, replaceable=base.has_api, count=count
-    )
+    return read_series(base.patches(repo), torch.site_packages, count=count)
 
 
-def check_replacements(torch: Torch, series: Series) -> None:
-    """Refuse to replace a function that anything in libtorch calls but its Python binding.
+def strip_added_members(
+    sources: Dict[str, bytes], patched: Dict[str, bytes]
+) -> List[AddedMember]:
+    """Leave the data members that the series adds to classes out of ``patched``'s headers.
 
-    The answer depends only on the wheel and the functions, so it is kept in the
-    build cache: finding the call sites takes a while.
+    Returns them, for the extension's shims: a header installed with them would
+    change the layout of a class that libtorch was compiled with.
     """
-    names = sorted(r.name for r in series.replaced)
-    if not names:
-        return
-    key = hashlib.sha256(
-        json.dumps(
-            [torch.version, torch.record.get("torch/lib/libtorch_cpu.so"), names]
-        ).encode()
-    )
-    cached = build.locate_build_cache() / f"callers-{key.hexdigest()[:32]}.json"
-    if cached.is_file():
-        unsound = json.loads(cached.read_text())
-    else:
-        progress(
-            f"checking that nothing in libtorch but the Python bindings calls {', '.join(names)}"
-        )
+    members: List[AddedMember] = []
+    for repo_path in list(patched):
+        if not repo_path.endswith(HEADER_SUFFIXES):
+            continue
+        stock = sources[repo_path].decode()
+        text = patched[repo_path].decode()
         try:
-            found = callers.unsound_replacements(
-                torch.site_packages / "torch" / "lib", names
-            )
-        except callers.CallersError as e:
-            raise OverlayError(
-                f"cannot check who calls the functions the series changes: {e}"
-            ) from e
-        unsound = {
-            name: [f"{s.caller} in {s.library}" for s in sites]
-            for name, sites in found.items()
-            if sites
-        }
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps(unsound))
-    if unsound:
-        details = "; ".join(
-            f"c10d::{name} is called by {', '.join(sites)}"
-            for name, sites in unsound.items()
+            added = cpp_classes.find_added_members(repo_path, stock, text)
+        except cpp_classes.ClassesError as e:
+            raise OverlayError(str(e)) from e
+        if added:
+            patched[repo_path] = cpp_classes.strip_members(text, added).encode()
+            members += added
+    return members
+
+
+def check_built_carriage(
+    torch: Torch, built: pathlib.Path, series: Series, members: List[AddedMember]
+) -> None:
+    """Check that the extension at ``built`` reaches every caller of what it changes in libtorch."""
+    lib_dir = torch.site_packages / "torch" / "lib"
+    headers = torch.site_packages / "torch" / "include" / build.C10D_HEADERS
+    try:
+        targets = build.find_prologue_targets(headers, lib_dir, series)
+        carriage.check_carriage(
+            torch, carriage.decide_carriage(built, lib_dir, series, members, targets)
         )
-        raise OverlayError(
-            "the series changes functions that libtorch calls other than through their Python "
-            f"binding, so replacing the binding would leave those callers on the old code: {details}"
-        )
+    except callers.CallersError as e:
+        raise OverlayError(str(e)) from e
 
 
 def write_atomically(path: pathlib.Path, data: bytes) -> None:

@@ -33,6 +33,10 @@ def _wheel_originals():
 WHEEL_ORIGINALS = _wheel_originals()
 
 
+# The C++ sources of the tree that the series changes, which the wheel lacks.
+SOURCES = sorted(series.read_series(PATCHES, Torch.find().site_packages).base_lines)
+
+
 def stand_in(path: str) -> str:
     """A file with the lines of the base file that the series' hunks show, and nothing else.
 
@@ -84,7 +88,7 @@ def pytorch_tree(tmp_path):
     files = {
         "setup.py": "# stand-in\n",
         "version.txt": "2.1.0a0\n",
-        **{path: stand_in(path) for path in series.SOURCE_ONLY},
+        **{path: stand_in(path) for path in SOURCES},
     }
     for installed, data in WHEEL_ORIGINALS.items():
         (tree / installed.removeprefix("torch/include/")).parent.mkdir(

@@ -193,7 +193,7 @@ def test_git_am_commit_by_commit(tmp_path, monkeypatch):
     assert patch_series.lint_git_am(torch, REAL, series) == []
     # With one whose reducer.cpp is not the base's, the first patch that changes it fails.
     snapshot = tmp_path / "snapshot"
-    for path in patch_series.series.SOURCE_ONLY:
+    for path in sorted(series.base_lines):
         (snapshot / path).parent.mkdir(parents=True, exist_ok=True)
         (snapshot / path).write_text("// not the base's file\n")
     monkeypatch.setenv(patch_series.SNAPSHOT_ENV, str(snapshot))

@@ -3,19 +3,23 @@
 import re
 
 from overlay_fixtures import BASE_CPP, CHANGED_CPP, make_patch, PATCHES, REPO
-from torch_overlay import codegen, series
+from torch_overlay import codegen, cpp_classes, series
+from torch_overlay.cpp_hunks import Prologue
+
+HEAD = (
+    "c10::intrusive_ptr<Work> ProcessGroupGloo::reconfigure(\n"
+    "    const ReconfigureOptions& opts) {\n"
+)
 
 
 def test_additions_source_points_into_reducer_cpp(site):
     source = codegen.generate_additions(series.read_series(PATCHES, site))
     assert '#include "reducer_prelude.h"' in source
     assert re.search(r'#line \d+ "torch/csrc/distributed/c10d/reducer.cpp"', source)
+    assert "std::vector<RedirectedSlots> install_redirects() {" in source
 
 
-# A series on a base whose libtorch has the functions it changes (v2.14.1)
-
-
-def test_renames_reach_only_the_replaced_functions(tmp_path, site):
+def test_renames_reach_only_the_changed_functions(tmp_path, site):
     include = tmp_path / "include"
     for header, includes in (
         ("reducer.hpp", "#include <mutex>\n#include <c10/core/ScalarType.h>\n"),
@@ -34,27 +38,34 @@ def test_renames_reach_only_the_replaced_functions(tmp_path, site):
         CHANGED_CPP,
         extra=["--function-context"],
     )
-    header = codegen.generate_renames(
-        series.read_series(patches, site, replaceable=True), include
-    )
-    # What the two headers include comes before the rename, and not the headers themselves;
-    # then the binding of the replaced function is switched on.
-    assert header.splitlines()[-4:] == [
+    header = codegen.generate_renames(series.read_series(patches, site), include)
+    # What the two headers include comes before the rename, and not the headers themselves.
+    assert header.splitlines()[-3:] == [
         "#include <mutex>",
         "#include <c10/core/ScalarType.h>",
         "#define f _overlay_replaced_f",
-        "#define TORCH_OVERLAY_BIND_F",
     ]
     # The v2.1.2 series renames nothing, and switches on the bindings its init.cpp hunks add.
     source = codegen.generate_renames(series.read_series(PATCHES, site), include)
     defines = [line for line in source.splitlines() if "#define" in line]
-    assert defines == [
-        "#define TORCH_OVERLAY_BIND_BACKWARD_PASS_UNFINISHED",
-        "#define TORCH_OVERLAY_BIND_REMOVE_COMM_HOOK",
-        "#define TORCH_OVERLAY_BIND_RESET_STATE",
-        "#define TORCH_OVERLAY_BIND_SET_PROCESS_GROUP_DATA",
-        "#define TORCH_OVERLAY_BIND_UPDATE_PROCESS_GROUP",
-    ]
+    assert defines and all(d.startswith("#define TORCH_OVERLAY_BIND_") for d in defines)
+
+
+def test_a_changed_function_is_redirected_from_its_renamed_code(tmp_path, site):
+    patches = make_patch(
+        tmp_path,
+        series.REDUCER_CPP,
+        BASE_CPP,
+        CHANGED_CPP,
+        extra=["--function-context"],
+    )
+    source = codegen.generate_additions(series.read_series(patches, site))
+    assert "// changes c10d::Reducer::f\n#line 11" in source and "new_c();" in source
+    # Its first line (the return type) changed: redirect.cpp leaves it to its binding.
+    assert (
+        "redirect_changed_function(\n"
+        "      code_of(&::c10d::Reducer::_overlay_replaced_f), /*first_line_kept=*/false)"
+    ) in source
 
 
 def test_every_binding_is_switched_by_its_macro():
@@ -64,3 +75,93 @@ def test_every_binding_is_switched_by_its_macro():
         names = re.findall(r'py::name\("(\w+)"\)', body.split("#endif", 1)[0])
         assert [codegen.format_binding_macro(n) for n in names] == [macro]
     assert len(re.findall(r"py::name\(\"", text)) == text.count("#ifdef ")
+
+
+def test_a_prologue_runs_before_libtorchs_definition():
+    prologue = Prologue(
+        path="torch/csrc/distributed/c10d/gloo/X.cpp",
+        name="ProcessGroupGloo::reconfigure",
+        head=HEAD,
+        statements="  bumpReconfigureGeneration();\n",
+        first_line=13,
+    )
+    target = codegen.PrologueTarget(
+        prologue,
+        "_ZN4c10d16ProcessGroupGloo11reconfigureERKNS_18ReconfigureOptionsE",
+        "c10d",
+        "Backend",
+    )
+    source = codegen.generate_additions(_empty_series(), prologues=[target])
+    carrier = source[source.index("namespace torch_overlay_prologue_0") :]
+    # A member of the class's base, declared and defined with the function's parameters,
+    # that runs the statements and then calls libtorch's definition with them.
+    assert (
+        "struct Carrier : Backend {\n  c10::intrusive_ptr<Work> run(\n    const ReconfigureOptions& opts);\n};"
+        in carrier
+    )
+    assert (
+        "  bumpReconfigureGeneration();\n"
+        "  return (this->*stock)(std::forward<decltype(opts)>(opts));\n}"
+    ) in carrier
+    assert '#line 13 "torch/csrc/distributed/c10d/gloo/X.cpp"' in carrier
+    assert f'find_definition("{target.symbol}")' in source
+
+
+def test_the_parameters_of_a_head_are_forwarded_by_name():
+    head = (
+        "int A::f(\n    const std::map<int, int>& m,\n    int n = 3,\n    char* s) {\n"
+    )
+    assert codegen._parameter_names(head, "A::f") == ["m", "n", "s"]
+    assert codegen._parameter_names("void A::g() {\n", "A::g") == []
+
+
+STOCK = """namespace c10d {
+class TORCH_API Backend {
+ public:
+  int getRank() const;
+ protected:
+  int rank_;
+};
+} // namespace c10d
+"""
+PATCHED = STOCK.replace(
+    "  int rank_;\n",
+    "  int rank_;\n  // Note [Reconfigure generation]\n"
+    "  std::atomic<uint64_t> reconfigure_generation_{0};\n",
+)
+
+
+def test_an_added_member_is_reached_through_its_shim():
+    members = cpp_classes.find_added_members("Backend.hpp", STOCK, PATCHED)
+    source = codegen.generate_additions(_empty_series(), members=members)
+    # The member lives in a struct of its own, which an accessor keyed by the object gives.
+    assert (
+        "struct TorchOverlayAddedMembersOfBackend {\n"
+        "  std::atomic<uint64_t> reconfigure_generation_{0};\n};"
+    ) in source
+    assert (
+        "#define reconfigure_generation_ "
+        "(::c10d::torch_overlay_added_members(this).reconfigure_generation_)"
+    ) in source
+    # The macro comes after the struct, so that the struct's member keeps its name.
+    assert source.index("struct TorchOverlayAddedMembersOfBackend") < source.index(
+        "#define reconfigure_generation_"
+    )
+    # Both destructors of the class erase the object's entry once they have run.
+    for variant in ("D1", "D2"):
+        symbol = codegen.mangle_destructor("c10d::Backend", variant)
+        assert symbol == f"_ZN4c10d7Backend{variant}Ev"
+        assert f'find_definition("{symbol}")' in source
+
+
+def _empty_series():
+    return series.Series(
+        patches=[],
+        applied=[],
+        added=[],
+        declarations=[],
+        replaced=[],
+        prologues=[],
+        bound_methods=[],
+        base_lines={},
+    )

@@ -14,7 +14,7 @@ from torch_overlay.reporting import OverlayError
 
 def test_install_status_uninstall(repo, site, torch_dist, capsys):
     build = FakeBuild()
-    install.install(repo, torch_dist, BASE, build)
+    install.install(repo, torch_dist, BASE, build, check=FakeBuild.check)
     assert build.calls == 1
     distributed = (site / "torch/nn/parallel/distributed.py").read_text()
     assert "    def _update_process_group(\n" in distributed
@@ -29,7 +29,7 @@ def test_install_status_uninstall(repo, site, torch_dist, capsys):
     assert distributed.endswith(install.generate_extension_loader(torch_dist.version))
     assert install.print_status(repo, torch_dist, BASE) == 0
 
-    install.install(repo, torch_dist, BASE, build)
+    install.install(repo, torch_dist, BASE, build, check=FakeBuild.check)
     assert build.calls == 1, "an up-to-date install rebuilt"
     assert "already installed and up to date" in capsys.readouterr().out
 
@@ -86,7 +86,7 @@ def test_the_installed_overlay_loads_without_start_up_hooks(tmp_path):
 
 def test_install_rebuilds_when_patches_change(repo, site, torch_dist):
     build = FakeBuild()
-    install.install(repo, torch_dist, BASE, build)
+    install.install(repo, torch_dist, BASE, build, check=FakeBuild.check)
     patch = sorted(BASE.patches(repo).glob("*.patch"))[1]
     patch.write_text(
         patch.read_text().replace(
@@ -94,7 +94,7 @@ def test_install_rebuilds_when_patches_change(repo, site, torch_dist):
         )
     )
     assert install.print_status(repo, torch_dist, BASE) == 2
-    install.install(repo, torch_dist, BASE, build)
+    install.install(repo, torch_dist, BASE, build, check=FakeBuild.check)
     assert build.calls == 2
     assert install.print_status(repo, torch_dist, BASE) == 0
     install.uninstall(torch_dist)
@@ -107,10 +107,10 @@ def test_a_shorter_series_leaves_no_file_patched_that_it_does_not_patch(
 ):
     # As scripts/mutants and a run at one commit of the stack install one.
     build = FakeBuild()
-    install.install(repo, torch_dist, BASE, build)
+    install.install(repo, torch_dist, BASE, build, check=FakeBuild.check)
     for patch in sorted(BASE.patches(repo).glob("*.patch"))[1:]:
         patch.unlink()
-    install.install(repo, torch_dist, BASE, build)
+    install.install(repo, torch_dist, BASE, build, check=FakeBuild.check)
     distributed = "torch/nn/parallel/distributed.py"
     assert (site / distributed).read_bytes() == ORIGINALS[distributed]
     assert distributed not in install.Manifest.read(site).files
@@ -121,7 +121,7 @@ def test_a_shorter_series_leaves_no_file_patched_that_it_does_not_patch(
 
 
 def test_status_notices_a_file_changed_behind_its_back(repo, site, torch_dist):
-    install.install(repo, torch_dist, BASE, FakeBuild())
+    install.install(repo, torch_dist, BASE, FakeBuild(), check=FakeBuild.check)
     with open(site / "torch/nn/parallel/distributed.py", "a") as f:
         f.write("# edited\n")
     assert install.print_status(repo, torch_dist, BASE) == 2
@@ -134,7 +134,7 @@ def test_install_refuses_other_torch_and_changes_nothing(
     before = site_state(site)
     torch_dist.version = version
     with pytest.raises(OverlayError, match="upstream|needs torch 2.1.x"):
-        install.install(repo, torch_dist, BASE, FakeBuild())
+        install.install(repo, torch_dist, BASE, FakeBuild(), check=FakeBuild.check)
     assert site_state(site) == before
 
 
@@ -150,7 +150,7 @@ def test_patch_that_does_not_apply_changes_nothing(repo, site, torch_dist):
     with pytest.raises(
         OverlayError, match="does not apply to the files of the installed torch"
     ):
-        install.install(repo, torch_dist, BASE, FakeBuild())
+        install.install(repo, torch_dist, BASE, FakeBuild(), check=FakeBuild.check)
     assert site_state(site) == before
 
 
@@ -162,6 +162,7 @@ def test_failed_build_changes_nothing(repo, site, torch_dist):
             torch_dist,
             BASE,
             FakeBuild(error=OverlayError("compiler said no")),
+            check=FakeBuild.check,
         )
     assert site_state(site) == before
 
@@ -174,7 +175,7 @@ def test_modified_torch_is_refused(repo, site, torch_dist):
         OverlayError,
         match="differs from the file the torch 2.1.2 wheel installed",
     ):
-        install.install(repo, torch_dist, BASE, FakeBuild())
+        install.install(repo, torch_dist, BASE, FakeBuild(), check=FakeBuild.check)
     assert site_state(site) == before
 
 

@@ -43,7 +43,15 @@ from checkers import clang_format_messages, flake8, ufmt_format
 from lint_message import argument_parser, lint_and_emit, LintMessage, LintSeverity, REPO
 
 sys.path.insert(0, str(REPO))
-from torch_overlay import bases, codegen, install, series, wheel  # noqa: E402
+from torch_overlay import (  # noqa: E402
+    bases,
+    build,
+    callers,
+    carriage,
+    install,
+    series,
+    wheel,
+)
 from torch_overlay.reporting import OverlayError  # noqa: E402
 
 CODE = "PATCHES"
@@ -332,13 +340,21 @@ def lint_added_code(
                         f"{repo_path}:{n} is not in PyTorch's clang-format style"
                     )
                     found.append(message(patch, "clang-format", description, diff_line))
-    source = codegen.generate_additions(patches)
+    # The functions the series adds and changes in the sources the wheel lacks, whole.
+    functions = patches.declarations + patches.replaced + patches.added
+    source = (
+        "namespace c10d {\n\n"
+        + "\n".join(f.text for f in functions)
+        + "\n} // namespace c10d\n"
+    )
     for m in clang_format_messages(series.REDUCER_CPP, source, ""):
         found.append(
             error(
                 "patches",
                 "clang-format",
-                f"the lines the series adds to {' and '.join(series.COMPILED)} are not in PyTorch's clang-format style",
+                "the functions the series adds to and changes in "
+                f"{', '.join(sorted({f.path for f in functions}))} are not in PyTorch's "
+                "clang-format style",
             )
         )
     return found
@@ -351,7 +367,7 @@ def lint_agreement(
     glue = re.findall(
         r'py::name\("(\w+)"\)', (REPO / "torch_overlay" / "bindings.cpp").read_text()
     )
-    expected = sorted(patches.bound_methods + [r.binding for r in patches.replaced])
+    expected = sorted(patches.bound_methods)
     # bindings.cpp serves every base; what this series does not bind, another one must.
     other_series = "".join(
         p.read_text()
@@ -410,7 +426,7 @@ def lint_git_am(
         tree = pathlib.Path(tmp)
         files = install.read_originals(torch, patches.applied)
         excluded = []
-        for path in series.SOURCE_ONLY:
+        for path in sorted(patches.base_lines):
             if snapshot and (pathlib.Path(snapshot) / path).is_file():
                 files[path] = (pathlib.Path(snapshot) / path).read_bytes()
             else:
@@ -480,6 +496,32 @@ def lint(paths: List[pathlib.Path]) -> List[LintMessage]:
     return found
 
 
+def lint_carriage(torch: wheel.Torch, patches: series.Series) -> List[LintMessage]:
+    """Check, before anything is built, that the overlay can reach libtorch's callers of what the series changes.
+
+    Without a build, a changed function counts as redirected by its relocations
+    (see torch_overlay/carriage.py) whatever its signature, and, where its first
+    line changed, as carried through its binding too: both must then hold.
+    Overlay install makes the exact check on the built extension.
+    """
+    lib_dir = torch.site_packages / "torch" / "lib"
+    headers = torch.site_packages / "torch" / "include" / build.C10D_HEADERS
+    redirected = [
+        t.symbol for t in build.find_prologue_targets(headers, lib_dir, patches)
+    ]
+    through_binding = []
+    for function in patches.replaced:
+        defined = callers.find_definitions(lib_dir, f"c10d::{function.name}(")
+        redirected += [symbol for symbol, _, _ in defined]
+        if function.lines[0].patch is not None:
+            through_binding += [symbol for symbol, _, _ in defined]
+    carriage.check_carriage(
+        torch,
+        carriage.Carriage(redirected=redirected, through_binding=through_binding),
+    )
+    return []
+
+
 def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintMessage]:
     found: List[LintMessage] = []
     patch_sets = {}
@@ -491,15 +533,15 @@ def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintM
         found += lint_noise(patch, patch_sets[patch])
     try:
         torch = base_torch(base)
-        patches = series.read_series(
-            base.patches(REPO), torch.site_packages, replaceable=base.has_api
-        )
-        install.check_replacements(torch, patches)
+        patches = series.read_series(base.patches(REPO), torch.site_packages)
         sources = install.read_originals(torch, patches.applied)
         with tempfile.TemporaryDirectory() as tmp:
-            install.apply_patches(pathlib.Path(tmp), patches, sources)
+            patched = install.apply_patches(pathlib.Path(tmp), patches, sources)
+            # Refuses a layout change of a class of the wheel that no shim carries.
+            install.strip_added_members(sources, patched)
             found += lint_added_code(pathlib.Path(tmp), patches, patch_sets)
-    except (series.SeriesError, OverlayError) as e:
+        found += lint_carriage(torch, patches)
+    except (series.SeriesError, OverlayError, callers.CallersError) as e:
         return found + [error(f"patches/{base.name}", "apply", str(e))]
     return (
         found
