@@ -295,6 +295,21 @@ def generate_additions(
         "  std::array<void*, 2> raw = {code, nullptr};",
         "  std::memcpy(&member, raw.data(), sizeof(Member));",
         "}",
+        "",
+    ]
+    # A changed member function may be protected (finalize_backward() is): its
+    # address is taken through a class derived from its own.
+    for owner in dict.fromkeys(r.name.split("::")[0] for r in series.replaced):
+        parts += [f"struct AccessTo{owner} : ::c10d::{owner} {{"]
+        for r in series.replaced:
+            if r.name.split("::")[0] == owner:
+                parts += [
+                    f"  static void* code_of_{r.member}() {{",
+                    f"    return code_of(&AccessTo{owner}::{r.renamed});",
+                    "  }",
+                ]
+        parts += ["};", ""]
+    parts += [
         "} // namespace",
         "",
         "std::vector<RedirectedSlots> install_redirects() {",
@@ -304,11 +319,12 @@ def generate_additions(
         "  };",
     ]
     for replaced in series.replaced:
-        member = replaced.name.replace(replaced.member, replaced.renamed)
+        owner = replaced.name.split("::")[0]
         kept = "true" if replaced.lines[0].patch is None else "false"
         parts += [
             "  take(redirect_changed_function(",
-            f"      code_of(&::c10d::{member}), /*first_line_kept=*/{kept}));",
+            f"      AccessTo{owner}::code_of_{replaced.member}(),",
+            f"      /*first_line_kept=*/{kept}));",
         ]
     for n, target in enumerate(prologues):
         namespace = f"::{target.namespace}::torch_overlay_prologue_{n}"

@@ -116,6 +116,8 @@ def apply_patches(
     tree: pathlib.Path, series: Series, sources: Dict[str, bytes]
 ) -> Dict[str, bytes]:
     """Apply the series to copies of ``sources`` under ``tree``; returns the patched bytes."""
+    if not series.applied:
+        return {}
     for repo_path, data in sources.items():
         (tree / repo_path).parent.mkdir(parents=True, exist_ok=True)
         (tree / repo_path).write_bytes(data)

@@ -61,10 +61,18 @@ def test_a_changed_function_is_redirected_from_its_renamed_code(tmp_path, site):
     )
     source = codegen.generate_additions(series.read_series(patches, site))
     assert "// changes c10d::Reducer::f\n#line 11" in source and "new_c();" in source
+    # Its address is taken through a class derived from its own: it may be protected.
+    assert (
+        "struct AccessToReducer : ::c10d::Reducer {\n"
+        "  static void* code_of_f() {\n"
+        "    return code_of(&AccessToReducer::_overlay_replaced_f);\n"
+        "  }\n};"
+    ) in source
     # Its first line (the return type) changed: redirect.cpp leaves it to its binding.
     assert (
         "redirect_changed_function(\n"
-        "      code_of(&::c10d::Reducer::_overlay_replaced_f), /*first_line_kept=*/false)"
+        "      AccessToReducer::code_of_f(),\n"
+        "      /*first_line_kept=*/false)"
     ) in source
 
 
