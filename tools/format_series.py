@@ -3,12 +3,12 @@
 
 Runs ``git format-patch --zero-commit --no-signature`` on the commits
 ``BASE_REF..HEAD`` of a PyTorch checkout, as the series in patches/ are made.
-With --function-context, the diffs of reducer.cpp and logger.cpp show every
-function they change whole, and the rest of each patch keeps git's usual three
-lines of context: the overlay carries a change to a function that libtorch
-already has by compiling the patched function from its hunk (see
-torch_overlay/series.py), which needs all of it, and reviewers of the Python
-and test diffs are spared whole functions of context.
+With --function-context, the diffs of libtorch's .cpp files (all of torch/csrc
+but init.cpp) show every function they change whole, and the rest of each
+patch keeps git's usual three lines of context: the overlay carries a change
+to a function that libtorch already has by compiling the patched function from
+its hunk (see torch_overlay/series.py), which needs all of it, and reviewers
+of the Python, binding and test diffs are spared whole functions of context.
 
   tools/format_series.py ~/pytorch v2.14.1 patches/v2.14.1 --function-context
 """
@@ -22,8 +22,19 @@ import tempfile
 from typing import List
 
 _FILE_DIFF = re.compile(r"^diff --git a/(?P<path>\S+) b/", re.M)
-# The compiled files of torch_overlay/series.py; init.cpp keeps the usual context.
-WHOLE_FUNCTIONS = ("/reducer.cpp", "/logger.cpp")
+
+
+def shows_whole_functions(path: str) -> bool:
+    """Return whether the diff of ``path`` shows each function it changes whole.
+
+    libtorch's sources, whose changed functions the overlay compiles from the
+    hunks; init.cpp's bindings are generated from their ``.def`` blocks.
+    """
+    return (
+        path.startswith("torch/csrc/")
+        and path.endswith(".cpp")
+        and not path.endswith("/init.cpp")
+    )
 
 
 def format_patch(
@@ -50,7 +61,7 @@ def split(patch: str) -> List[str]:
 
 
 def splice(plain: str, whole: str) -> str:
-    """``plain`` with the diffs of the files in WHOLE_FUNCTIONS taken from ``whole``."""
+    """``plain`` with the diffs of the files that show whole functions taken from ``whole``."""
     plain_parts, whole_parts = split(plain), split(whole)
     if len(plain_parts) != len(whole_parts):
         raise SystemExit(
@@ -60,7 +71,7 @@ def splice(plain: str, whole: str) -> str:
     for mine, theirs in zip(plain_parts[1:], whole_parts[1:]):
         match = _FILE_DIFF.match(mine)
         assert match is not None and match.group(0) == _FILE_DIFF.match(theirs).group(0)  # type: ignore[union-attr]
-        parts.append(theirs if match.group("path").endswith(WHOLE_FUNCTIONS) else mine)
+        parts.append(theirs if shows_whole_functions(match.group("path")) else mine)
     return "".join(parts)
 
 
@@ -80,7 +91,7 @@ def main() -> int:
     parser.add_argument(
         "--function-context",
         action="store_true",
-        help="show the functions that the reducer.cpp and logger.cpp diffs change whole (the series of a base with the API)",
+        help="show the functions that the diffs of libtorch's .cpp files change whole (the series of a base with the API)",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
