@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 from typing import Callable, Dict, List, Optional
 
-from torch_overlay import bases, build, callers, carriage, codegen, cpp_classes
+from torch_overlay import bases, build, callers, carriage, codegen, cpp_classes, wheel
 from torch_overlay.cpp_classes import AddedMember
 from torch_overlay.reporting import OverlayError, progress
 from torch_overlay.series import HEADER_SUFFIXES, installed_path, read_series, Series
@@ -120,7 +120,7 @@ def apply_patches(
         return {}
     for repo_path, data in sources.items():
         (tree / repo_path).parent.mkdir(parents=True, exist_ok=True)
-        (tree / repo_path).write_bytes(data)
+        (tree / repo_path).write_bytes(wheel.unwrap_header(data))
     includes = [f"--include={p}" for p in series.applied]
     for patch in series.patches:
         result = subprocess.run(
@@ -133,7 +133,10 @@ def apply_patches(
             raise OverlayError(
                 f"{patch.name} does not apply to the files of the installed torch:\n{result.stderr.strip()}"
             )
-    return {p: (tree / p).read_bytes() for p in series.applied}
+    return {
+        p: wheel.wrap_header_as(sources[p], (tree / p).read_bytes())
+        for p in series.applied
+    }
 
 
 def install(

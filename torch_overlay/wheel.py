@@ -16,6 +16,33 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# Since 2.9, torch's setup.py wraps every header it installs in this guard; the
+# series' hunks are made against the sources, which have none, and a hunk at
+# the top of a header (an #include) only applies to the text inside it.
+_GUARD_CONDITION = b"!defined(TORCH_STABLE_ONLY) && !defined(TORCH_TARGET_VERSION)"
+_GUARD_OPEN = b"#if " + _GUARD_CONDITION + b"\n"
+_GUARD_CLOSE = (
+    b'\n#else\n#error "This file should not be included when either '
+    b'TORCH_STABLE_ONLY or TORCH_TARGET_VERSION is defined."\n#endif  // '
+    + _GUARD_CONDITION
+    + b"\n"
+)
+
+
+def unwrap_header(data: bytes) -> bytes:
+    """Return ``data``, an installed header, as in the sources: without the guard."""
+    if data.startswith(_GUARD_OPEN) and data.endswith(_GUARD_CLOSE):
+        return data[len(_GUARD_OPEN) : -len(_GUARD_CLOSE)]
+    return data
+
+
+def wrap_header_as(installed: bytes, patched: bytes) -> bytes:
+    """Return ``patched``, a header as in the sources, with the guard ``installed`` has."""
+    if installed == unwrap_header(installed):
+        return patched
+    return _GUARD_OPEN + patched + _GUARD_CLOSE
+
+
 @dataclasses.dataclass
 class Torch:
     """The torch distribution in this interpreter, located without importing it."""
