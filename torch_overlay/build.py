@@ -39,10 +39,8 @@ def sync_tree(source: pathlib.Path, target: pathlib.Path) -> None:
         write_if_changed(target / relative, (source / relative).read_text())
 
 
-# The classes of torch._C._distributed_c10d that bindings.cpp binds methods onto.
-BOUND_CLASSES = ("Reducer", "Logger", "ProcessGroup", "Backend")
 # The overlay's own C++, besides the generated sources.
-CPP_SOURCES = ("bindings.cpp", "redirect.cpp")
+CPP_SOURCES = ("redirect.cpp",)
 CPP_HEADERS = ("reducer_prelude.h", "redirect.h")
 # Where the wheel's include directory keeps c10d's headers.
 C10D_HEADERS = "torch/csrc/distributed/c10d"
@@ -128,7 +126,10 @@ def build_extension(
     except codegen.CodegenError as e:
         raise OverlayError(str(e)) from e
     renames = codegen.generate_renames(series, include)
-    key = hashlib.sha256(source.encode() + b"\0" + renames.encode())
+    module_source = codegen.generate_module(series)
+    key = hashlib.sha256(
+        source.encode() + b"\0" + renames.encode() + b"\0" + module_source.encode()
+    )
     for name in CPP_SOURCES + CPP_HEADERS:
         key.update(name.encode() + b"\0" + (OVERLAY_DIR / name).read_bytes())
     for header in sorted(p for p in include.rglob("*") if p.is_file()):
@@ -153,9 +154,8 @@ def build_extension(
     # The wheel's own bindings of the names the extension binds: those it changes
     # must be gone once it has loaded.
     stock = {
-        (cls, name): getattr(c10d, cls).__dict__.get(name)
-        for cls in BOUND_CLASSES
-        for name in series.bound_methods
+        (b.owner, b.name): getattr(c10d, b.owner).__dict__.get(b.name)
+        for b in series.bindings
     }
     progress(
         f"compiling {len(series.added)} added and {len(series.replaced)} changed "
@@ -177,12 +177,14 @@ def build_extension(
         (work / "build").mkdir(exist_ok=True)
         additions = work / "build" / "reducer_additions.cpp"
         write_if_changed(additions, source)
+        module_file = work / "build" / "module.cpp"
+        write_if_changed(module_file, module_source)
         write_if_changed(work / "build" / codegen.RENAMES_HEADER, renames)
         try:
             module = cpp_extension.load(
                 name="_C",
                 sources=[str(OVERLAY_DIR / name) for name in CPP_SOURCES]
-                + [str(additions)],
+                + [str(additions), str(module_file)],
                 extra_include_paths=[
                     str(work / "include"),
                     str(OVERLAY_DIR),
@@ -196,17 +198,13 @@ def build_extension(
             raise OverlayError(f"building the overlay extension failed:\n{e}") from e
     built = pathlib.Path(module.__file__)
     missing = [
-        name
-        for name in series.bound_methods
-        if all(
-            getattr(c10d, cls).__dict__.get(name) is stock[cls, name]
-            for cls in BOUND_CLASSES
-        )
+        f"{b.owner}.{b.name}"
+        for b in series.bindings
+        if getattr(c10d, b.owner).__dict__.get(b.name) is stock[b.owner, b.name]
     ]
     if missing:
         raise OverlayError(
-            f"the extension built but did not bind {missing} onto "
-            f"{', '.join(BOUND_CLASSES)}"
+            f"the extension built but did not bind {', '.join(missing)}"
         )
     cached_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(built, cached_dir / (built.name + ".partial"))

@@ -253,13 +253,19 @@ def _layout_key(member: DataMember) -> Tuple[str, str, str]:
 def find_added_members(header: str, stock: str, patched: str) -> List[AddedMember]:
     """Return the data members that ``patched`` adds to the classes of ``stock``.
 
+    Members of a class that only ``patched`` declares are not: nothing was
+    compiled with its layout.
+
     Raises ClassesError where the patched header changes or removes a data
     member of the stock one, adds one to a class in part of a line, or uses one
     it adds outside its declaration (an inline function, which a shim cannot
     reach in code that includes the installed header).
     """
-    _, stock_members = scan(stock)
+    stock_classes, stock_members = scan(stock)
     _, patched_members = scan(patched)
+    # A class that the series adds has no layout that libtorch was compiled with.
+    compiled = {c.qualified for c in stock_classes}
+    patched_members = [m for m in patched_members if m.owner in compiled]
     added_lines = _added_lines(stock, patched)
     before = {_layout_key(m) for m in stock_members}
     after = {_layout_key(m) for m in patched_members}

@@ -23,6 +23,10 @@ _DEF_OPEN = re.compile(r"^\s*\.def\(\s*$")
 # A function definition's first line in c10d's C++: at column 0, such as
 # "bool Reducer::reset_state() {" or "void Reducer::update_process_group(".
 _DEFINITION = re.compile(r"^[A-Za-z_][^;]*\b(?P<name>[A-Za-z_]\w*::~?[A-Za-z_]\w*)\(")
+# The first line of a definition whose head clang-format splits after the class,
+# as for a long return type: "std::pair<...> Reducer::", then "    name(...) {".
+_SPLIT_DEFINITION = re.compile(r"^[A-Za-z_][^;(]*\b(?P<owner>[A-Za-z_]\w*)::$")
+_SPLIT_NAME = re.compile(r"^\s+(?P<member>~?[A-Za-z_]\w*)\(")
 # The closing brace of a function definition, at column 0.
 _DEFINITION_END = re.compile(r"^}\s*$")
 # The first line of a constant that a series adds at namespace scope.
@@ -121,11 +125,21 @@ def target_path(patched_file: unidiff.PatchedFile) -> str:
     )
 
 
+def _starts_definition(lines: List[str], i: int) -> bool:
+    if _DEFINITION.match(lines[i]):
+        return True
+    return bool(
+        _SPLIT_DEFINITION.match(lines[i].rstrip("\n"))
+        and i + 1 < len(lines)
+        and _SPLIT_NAME.match(lines[i + 1])
+    )
+
+
 def _function_spans(lines: List[str]) -> List[Tuple[int, int]]:
     """Return the [first, last] indices of the function definitions that ``lines`` show whole."""
     spans, start = [], None
     for i, line in enumerate(lines):
-        if start is None and _DEFINITION.match(line):
+        if start is None and _starts_definition(lines, i):
             start = i
         elif start is not None and _DEFINITION_END.match(line):
             spans.append((start, i))
@@ -133,10 +147,15 @@ def _function_spans(lines: List[str]) -> List[Tuple[int, int]]:
     return spans
 
 
-def _definition_name(line: str) -> str:
-    match = _DEFINITION.match(line)
-    assert match is not None  # _function_spans starts a span there
-    return match.group("name")
+def _definition_name(lines: List[str], i: int) -> str:
+    """Return the qualified name of the definition that starts at ``lines[i]``."""
+    match = _DEFINITION.match(lines[i])
+    if match:
+        return match.group("name")
+    owner = _SPLIT_DEFINITION.match(lines[i].rstrip("\n"))
+    member = _SPLIT_NAME.match(lines[i + 1])
+    assert owner is not None and member is not None  # _starts_definition said so
+    return f"{owner['owner']}::{member['member']}"
 
 
 def _check_changed_function(
@@ -158,9 +177,9 @@ def _check_changed_function(
     ]
     target = [line.value for line in hunk if not line.is_removed]
     spans = _function_spans(source)
-    changed = {_definition_name(source[first]) for first, _ in spans}
+    changed = {_definition_name(source, first) for first, _ in spans}
     replacing = {
-        _definition_name(target[first]) for first, _ in _function_spans(target)
+        _definition_name(target, first) for first, _ in _function_spans(target)
     }
     enclosing = [
         first for first, last in spans if any(first <= i <= last for i in removed)
@@ -173,7 +192,7 @@ def _check_changed_function(
             + FUNCTION_CONTEXT_HINT
             + "."
         )
-    return _definition_name(source[enclosing[0]])
+    return _definition_name(source, enclosing[0])
 
 
 def _changed_binding(
@@ -194,9 +213,8 @@ def _changed_binding(
     raise SeriesError(
         f"{patch_name}: a hunk at {patched_file.path}:{hunk.source_start} removes line "
         f"{base_line_no}, a line of the base file, outside a binding that it shows from "
-        "its `.def(`. The overlay's bindings.cpp stands in for init.cpp: the series may "
-        "change a binding of the base file only where it binds a function that the "
-        "series changes."
+        "its `.def(`. The overlay binds anew what the series binds: it may change a "
+        "binding of the base file only where it binds a function that it changes."
     )
 
 
@@ -296,7 +314,7 @@ def whole_changes(
             patches = [line.patch for line in lines if line.patch is not None]
             if not patches:
                 continue  # context that no patch changed
-            name = _definition_name(texts[first])
+            name = _definition_name(texts, first)
             taken.update(run[first : last + 1])
             functions.append(
                 WholeFunction(
@@ -373,13 +391,87 @@ def as_prologue(function: WholeFunction, changed: Set[str]) -> Prologue:
     )
 
 
-def bound_methods(patched_file: unidiff.PatchedFile) -> List[str]:
-    """Return the names that the hunks of ``patched_file`` (init.cpp) bind with `.def(`."""
-    names = []
-    for hunk in patched_file:
-        added = [line.value.rstrip("\n") for line in hunk if line.is_added]
-        for opening, name_line in zip(added, added[1:]):
-            match = _DEF_NAME.match(name_line)
-            if _DEF_OPEN.match(opening) and match:
-                names.append(match.group("name"))
-    return names
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    """A method that the series binds in init.cpp, new or changed, as its `.def(` holds it."""
+
+    owner: str  # the c10d class whose Python class gets the method, such as "Reducer"
+    name: str  # such as "_update_process_group"
+    callable: str  # the function or lambda that `.def(` binds
+    extras: Tuple[str, ...]  # its other arguments: py::arg(...), py::call_guard<...>()
+    first_line: int
+    patch: str
+
+
+def _split_arguments(text: str) -> List[str]:
+    """Return the top-level, comma-separated arguments of ``text``."""
+    arguments, depth, current = [], 0, ""
+    for c in text:
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        if c == "," and depth == 0:
+            arguments.append(current.strip())
+            current = ""
+        else:
+            current += c
+    if current.strip():
+        arguments.append(current.strip())
+    return arguments
+
+
+def bindings(
+    known: Dict[int, KnownLine], changed: Set[str]
+) -> List[Binding]:
+    """Return the `.def(` blocks of init.cpp that the series adds, or changes (``changed``).
+
+    Each must lie whole among the lines the hunks show; the class it binds
+    onto is the c10d class that its callable first names (its first
+    parameter, or the class of its member function pointer).
+    """
+    found = []
+    for run in _runs(known):
+        texts = [known[n].text for n in run]
+        for i, text in enumerate(texts):
+            if not _DEF_OPEN.match(text) or i + 1 >= len(texts):
+                continue
+            name = _DEF_NAME.match(texts[i + 1])
+            if name is None:
+                continue
+            depth, end = 0, None
+            for j in range(i, len(texts)):
+                depth += texts[j].count("(") - texts[j].count(")")
+                if depth <= 0:
+                    end = j
+                    break
+            lines = [known[n] for n in run[i : (end if end is not None else len(run) - 1) + 1]]
+            patches = [line.patch for line in lines if line.patch is not None]
+            if not patches and name["name"] not in changed:
+                continue
+            if end is None:
+                raise SeriesError(
+                    f"{patches[0] if patches else 'a patch'}: the init.cpp binding "
+                    f"{name['name']} is not shown whole, to its closing parenthesis; "
+                    "the overlay binds what the hunk holds"
+                )
+            block = "".join(line.text for line in lines)
+            inner = block[block.index(".def(") + len(".def(") : block.rindex(")")]
+            _, callable_text, *extras = _split_arguments(inner)
+            owner = re.search(r"::c10d::(\w+)", callable_text)
+            if owner is None:
+                raise SeriesError(
+                    f"the init.cpp binding {name['name']} names no c10d class in "
+                    f"{callable_text[:60]!r}, to bind its method onto"
+                )
+            found.append(
+                Binding(
+                    owner=owner.group(1),
+                    name=name["name"],
+                    callable=callable_text,
+                    extras=tuple(extras),
+                    first_line=run[i],
+                    patch=patches[0] if patches else "",
+                )
+            )
+    return found

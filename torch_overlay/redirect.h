@@ -40,8 +40,8 @@ void* find_definition(const std::string& symbol);
 // signature is libtorch's: its first line unchanged (`first_line_kept`: the
 // return type, as c10d writes it) and its parameters, which the mangled name
 // holds. Otherwise the series changed its signature, and the Python binding
-// that bindings.cpp replaces is what reaches the patched definition; returns
-// nothing then.
+// that the extension's module replaces is what reaches the patched definition;
+// returns nothing then.
 std::vector<RedirectedSlots> redirect_changed_function(
     void* patched,
     bool first_line_kept);

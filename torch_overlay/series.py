@@ -20,9 +20,10 @@ C++ sources. Every file in the series falls into exactly one of these roles:
   statements at the start of a function there, which the overlay runs before
   libtorch's definition;
 * ``bound``: ``init.cpp``. The wheel's bindings cannot be rebuilt, so the
-  overlay's hand-written ``bindings.cpp`` stands in for its hunks, and must bind
-  exactly the methods the hunks add or change. A hunk may change a binding of
-  the base file only where it binds a function that the series changes;
+  extension's module binds each method that the hunks bind, new or changed,
+  from the hunk's own `.def(` (see :func:`codegen.generate_module`). A hunk may
+  change a binding of the base file only where it binds a function that the
+  series changes;
 * ``tests``: files under ``test/``, which this repository runs from its own
   ``test/`` directory.
 """
@@ -38,7 +39,8 @@ import unidiff
 from torch_overlay.cpp_hunks import (
     apply_hunks,
     as_prologue,
-    bound_methods,
+    Binding,
+    bindings,
     Declaration,
     KnownLine,
     Prologue,
@@ -77,7 +79,12 @@ class Series:
     # The statements that the series adds at the start of functions it cannot compile.
     prologues: List[Prologue]
     # The methods that the init.cpp hunks bind, new or changed.
-    bound_methods: List[str]
+    bindings: List[Binding]
+
+    @property
+    def bound_methods(self) -> List[str]:
+        """Return the names of the methods that the series binds."""
+        return [b.name for b in self.bindings]
     # What the hunks show of the base files of the sources: path -> line number -> text.
     base_lines: Dict[str, Dict[int, str]]
 
@@ -128,7 +135,6 @@ def read_series(
     applied: List[str] = []
     known: Dict[str, Dict[int, KnownLine]] = defaultdict(dict)
     changed: Dict[str, Set[str]] = defaultdict(set)
-    bound: List[str] = []
     for patch in patches:
         try:
             patch_set = unidiff.PatchSet.from_filename(str(patch), encoding="utf-8")
@@ -148,8 +154,6 @@ def read_series(
                     changed[path],
                     is_bindings=path == INIT_CPP,
                 )
-                if path == INIT_CPP:
-                    bound.extend(bound_methods(patched_file))
             elif (site_packages / installed_path(path)).is_file():
                 if path not in applied:
                     applied.append(path)
@@ -191,9 +195,8 @@ def read_series(
     if rebound:
         raise SeriesError(
             f"the series changes the init.cpp bindings {', '.join(sorted(rebound))}, "
-            "which bind no function that it changes. The overlay's bindings.cpp stands "
-            "in for init.cpp and cannot carry a changed binding of a function that stays "
-            "libtorch's."
+            "which bind no function that it changes. The overlay binds a changed "
+            "binding anew, which only a function that it compiles can serve."
         )
     base_lines = {
         path: {k.base_line: k.text for k in lines.values() if k.base_line is not None}
@@ -206,6 +209,6 @@ def read_series(
         declarations=declarations,
         replaced=replaced,
         prologues=prologues,
-        bound_methods=bound + sorted(changed[INIT_CPP] - set(bound)),
+        bindings=bindings(known[INIT_CPP], changed[INIT_CPP]),
         base_lines=base_lines,
     )

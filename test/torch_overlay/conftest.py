@@ -2,8 +2,8 @@
 
 The stand-in holds the wheel's real base files (taken from the venv's torch, or
 from the overlay's backups when it is installed there) and a RECORD for them;
-only the compiler is replaced, so these tests run in seconds. That test/ and
-bindings.cpp agree with the series is the patch series linter's job (test_lint.py).
+only the compiler is replaced, so these tests run in seconds. That test/
+agrees with the series is the patch series linter's job (test_lint.py).
 """
 
 import shutil

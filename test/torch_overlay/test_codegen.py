@@ -2,7 +2,7 @@
 
 import re
 
-from overlay_fixtures import BASE_CPP, CHANGED_CPP, make_patch, PATCHES, REPO
+from overlay_fixtures import BASE_CPP, CHANGED_CPP, make_patch, PATCHES
 from torch_overlay import codegen, cpp_classes, series
 from torch_overlay.cpp_hunks import Prologue
 
@@ -76,13 +76,45 @@ def test_a_changed_function_is_redirected_from_its_renamed_code(tmp_path, site):
     ) in source
 
 
-def test_every_binding_is_switched_by_its_macro():
-    text = (REPO / "torch_overlay" / "bindings.cpp").read_text()
-    for block in text.split("#ifdef ")[1:]:
-        macro, body = block.split("\n", 1)
-        names = re.findall(r'py::name\("(\w+)"\)', body.split("#endif", 1)[0])
-        assert [codegen.format_binding_macro(n) for n in names] == [macro]
-    assert len(re.findall(r"py::name\(\"", text)) == text.count("#ifdef ")
+INIT_BINDING = """      .def(
+          "_update_process_group",
+          [](::c10d::Reducer& reducer,
+             c10::intrusive_ptr<::c10d::ProcessGroup> new_process_group,
+             bool agree) {
+            return reducer.update_process_group(new_process_group, agree);
+          },
+          py::arg("new_process_group"),
+          py::arg("agree") = false,
+          py::call_guard<py::gil_scoped_release>());
+"""
+
+
+def test_the_module_binds_each_def_of_the_init_cpp_hunks(tmp_path, site):
+    base = "".join(f"int line_{n};\n" for n in range(1, 11))
+    patches = make_patch(tmp_path, series.INIT_CPP, base, base + INIT_BINDING)
+    s = series.read_series(patches, site)
+    [binding] = s.bindings
+    assert (binding.owner, binding.name, binding.first_line) == (
+        "Reducer",
+        "_update_process_group",
+        11,
+    )
+    module = codegen.generate_module(s)
+    # The hunk's own callable and arguments, set on the class that torch registered.
+    assert (
+        '    py::object owner = c10d.attr("Reducer");\n'
+        '    owner.attr("_update_process_group") = py::cpp_function(\n'
+        '#line 13 "torch/csrc/distributed/c10d/init.cpp"\n'
+        "        [](::c10d::Reducer& reducer,\n"
+    ) in module
+    assert (
+        '        py::name("_update_process_group"),\n'
+        "        py::is_method(owner),\n"
+        '        py::arg("new_process_group"),\n'
+        '        py::arg("agree") = false,\n'
+        "        py::call_guard<py::gil_scoped_release>());\n"
+    ) in module
+    assert "torch_overlay::install_redirects();" in module
 
 
 def test_a_prologue_runs_before_libtorchs_definition():
