@@ -79,7 +79,7 @@ def decide_carriage(
             for line in listing.stdout.splitlines()
             if RENAMED_PREFIX in line
         }
-        defined = set()
+        defined: set[str] = set()
         for library in sorted(lib_dir.glob("libtorch*.so")):
             listing = subprocess.run(
                 ["nm", "-D", "--defined-only", str(library)],

@@ -111,8 +111,8 @@ void write_slot(const Library& library, uintptr_t slot, uintptr_t value) {
   const int protection = library.protection_of(slot);
   if (!(protection & PROT_WRITE)) {
     TORCH_CHECK(
-        mprotect(reinterpret_cast<void*>(page), length, PROT_READ | PROT_WRITE) ==
-            0,
+        mprotect(
+            reinterpret_cast<void*>(page), length, PROT_READ | PROT_WRITE) == 0,
         "cannot make a relocated slot of ",
         library.name(),
         " writable: ",
@@ -157,7 +157,7 @@ void redirect_table(
       value += relocation.r_addend;
     }
     write_slot(library, library.info->dlpi_addr + relocation.r_offset, value);
-    (type == kJumpSlot       ? slots.jump_slots
+    (type == kJumpSlot      ? slots.jump_slots
          : type == kGlobDat ? slots.got_entries
                             : slots.data_pointers) += 1;
   }
