@@ -1,4 +1,4 @@
-"""benchmarks/recovery_after_lost_rank.py on a tiny model, 2 ranks: what it reports, not how fast.
+"""python -m benchmarks.recovery on a tiny model, 2 ranks: what it reports, not how fast.
 
 Every path runs with each kill (inside the backward pass, between steps) and its new process,
 and is compared with path a replaying its schedule; the steady-step comparison and the call against its collectives run once. The
@@ -15,14 +15,10 @@ import sys
 import pytest
 import torch.distributed as dist
 
-BENCHMARK = (
-    pathlib.Path(__file__).resolve().parents[2]
-    / "benchmarks"
-    / "recovery_after_lost_rank.py"
-)
-spec = importlib.util.spec_from_file_location("recovery_after_lost_rank", BENCHMARK)
-benchmark = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(benchmark)
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from benchmarks.recovery.cells import CALL_MODES, GOALS, KILL_IN  # noqa: E402
+from benchmarks.recovery.report import markdown, table  # noqa: E402
 
 # What the runs need; the arithmetic of the verdicts needs neither.
 MISSING = (
@@ -40,7 +36,8 @@ def run_benchmark(out: pathlib.Path) -> str:
     result = subprocess.run(
         [
             sys.executable,
-            str(BENCHMARK),
+            "-m",
+            "benchmarks.recovery",
             "--worlds",
             "2",
             "--sizes",
@@ -61,6 +58,7 @@ def run_benchmark(out: pathlib.Path) -> str:
         capture_output=True,
         text=True,
         timeout=900,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
@@ -74,27 +72,27 @@ def report(tmp_path_factory):
 
 
 @runs
-@pytest.mark.parametrize("kill_in", benchmark.KILL_IN)
-@pytest.mark.parametrize("path", ["a_reconfigure", "a", "c"])
+@pytest.mark.parametrize("kill_in", KILL_IN)
+@pytest.mark.parametrize("path", ["reconfigure", "new_group", "restart"])
 def test_a_path_that_recovers(report, path, kill_in):
     _, data, _ = report
     cell = data["cells"][f"w2-tiny-none-{kill_in}-{path}"]
     assert (
         cell["kill_to_survivors_step_s"] > 0 and cell["new_process_to_first_step_s"] > 0
     )
-    # c's restart goes back to the last checkpoint: the step before the kill's, where the kill
+    # restart goes back to the last checkpoint: the step before the kill's, where the kill
     # came while it was written.
     assert (
-        cell["left_at"] in ((4, 5) if path == "c" else (5,))
+        cell["left_at"] in ((4, 5) if path == "restart" else (5,))
         and cell["lost_updates"] == 0
     )
     assert cell["joined_at"] > cell["left_at"] and cell["end"] == cell["joined_at"] + 5
     # The survivor's attempt at the step of the kill is done again (between steps too: it
-    # starts the step with the lost replica in its group); in c, the restart on the join also
+    # starts the step with the lost replica in its group); in restart, the restart on the join also
     # discards the step the survivor was in, if it was in one when killed.
-    assert cell["discarded_attempts"] in ((1, 2) if path == "c" else (1,))
+    assert cell["discarded_attempts"] in ((1, 2) if path == "restart" else (1,))
     assert cell["short_steps"] == 0
-    # The reference replays path a, so it shares a's mistakes; the replicas, each other's not.
+    # The reference replays path new_group, so it shares its mistakes; the replicas, each other's not.
     assert cell["replicas_identical"]
     # Two ranks add their gradients in one order, whatever the buckets: bit for bit.
     assert cell["bitwise_equal_to_reference"] and cell["max_abs_diff"] == 0.0
@@ -156,108 +154,17 @@ def test_steady_and_call(report):
     assert sorted(c["kind"] for c in call["sync"]["collectives"]) == sorted(
         [c["kind"] for c in call["no_sync"]["collectives"]] + ["broadcast"]
     )
-    for mode in (call[name] for name in benchmark.CALL_MODES):
+    for mode in (call[name] for name in CALL_MODES):
         assert mode["call_over_collectives"] == pytest.approx(
             mode["call_s"] / mode["collectives_s"]
         )
         assert mode["met"] == (
-            mode["call_over_collectives"] <= benchmark.GOALS["call_over_collectives"]
+            mode["call_over_collectives"] <= GOALS["call_over_collectives"]
         )
-    assert benchmark.table(data) in stdout
+    assert table(data) in stdout
     assert (out / "recovery_after_lost_rank.png").read_bytes()[
         :8
     ] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_interval_and_verdict():
-    mean, low, high = benchmark.interval([1.0, 1.0, 1.0])
-    assert (mean, low, high) == (1.0, 1.0, 1.0)
-    assert benchmark.verdict(0.99, 1.01, 1.02) == "met"
-    assert benchmark.verdict(1.03, 1.05, 1.02) == "not met"
-    assert benchmark.verdict(1.0, 1.05, 1.02) == "inconclusive"
-    assert benchmark.verdict(None, None, 1.02) == "inconclusive"
-
-
-def test_a_step_short_of_a_member():
-    # 4 replicas; the last is killed at step 5 and its new process first steps at 8. The
-    # survivors' steps 5 to 7 average 3 of 3. At 8, slot 0 asks for the quorum too late and is
-    # left out (it heals past 8: the step is short, not lost); at 9, slot 3. At 10 every replica
-    # logs the step but torchft says it averaged 3: its count wins over the slots'.
-    events, t = [], 0
-
-    def pid(slot):
-        return 200 if slot == 3 and t > 100 else 100 + slot
-
-    def step(step, slots, participants):
-        nonlocal t
-        for slot in slots:
-            t += 1
-            events.append(
-                {
-                    "kind": "step",
-                    "t": t,
-                    "slot": slot,
-                    "pid": pid(slot),
-                    "step": step,
-                    "participants": participants,
-                    "rss_mb": 100.0,
-                }
-            )
-
-    for s in range(5):
-        step(s, range(4), 4)
-    t += 1
-    events.append({"kind": "kill", "t": t, "step": 5, "slot": 3})
-    for s in range(5, 8):
-        step(s, range(3), 3)
-    t = 101  # the new process
-    step(8, (1, 2, 3), 3)
-    step(9, range(3), 3)
-    step(10, range(4), 3)
-    events += [
-        {
-            "kind": "final",
-            "t": t + 1,
-            "slot": slot,
-            "pid": pid(slot),
-            "step": 11,
-            "digest": "d",
-            "graphs_after_warmup": 0,
-        }
-        for slot in range(4)
-    ]
-    cell = benchmark.analyze(events, {200: 90}, victim=3)
-    assert (cell["joined_at"], cell["lost_updates"], cell["short_steps"]) == (8, 0, 3)
-
-
-def test_a_failure_names_its_exception_not_the_lines_after_it(tmp_path):
-    # DDP's error for a reduction left unfinished goes on for lines after the exception's
-    # first one, and ends with a hint; the cell's failure must name the exception.
-    driver = object.__new__(benchmark.Driver)
-    driver.events_dir = str(tmp_path)
-    pathlib.Path(driver.stderr_path(1)).write_text(
-        "Traceback (most recent call last):\n"
-        '  File "recovery_after_lost_rank.py", line 178, in train_step\n'
-        "[rank0]: RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.\n"
-        "Parameter indices which did not receive grad for rank 0: 0 1\n"
-        " In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL\n"
-    )
-    assert driver.last_error(1).startswith(
-        "[rank0]: RuntimeError: Expected to have finished reduction"
-    )
-    # SystemExit's message names no exception: the last line.
-    pathlib.Path(driver.stderr_path(2)).write_text(
-        "slot 1 saw the switch at step 3 at 4\n"
-    )
-    assert driver.last_error(2) == "slot 1 saw the switch at step 3 at 4"
-    # What the process recorded wins over its stderr, where torchft logs the errors it handles.
-    pathlib.Path(driver.stderr_path(3)).write_text(
-        "Traceback (most recent call last):\nRuntimeError: handled by torchft\nslot 1 is at step 9, past the end at 8\n"
-    )
-    pathlib.Path(benchmark.error_path(driver.events_dir, 3)).write_text(
-        "SystemExit: slot 1 is at step 9, past the end at 8"
-    )
-    assert driver.last_error(3) == "SystemExit: slot 1 is at step 9, past the end at 8"
 
 
 def test_a_process_records_the_error_that_ends_it(tmp_path):
@@ -268,9 +175,8 @@ def test_a_process_records_the_error_that_ends_it(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            str(BENCHMARK),
-            "--role",
-            "replica",
+            "-m",
+            "benchmarks.recovery.worker_replica",
             "--slot",
             "0",
             "--world",
@@ -287,6 +193,7 @@ def test_a_process_records_the_error_that_ends_it(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=REPO,
     )
     assert result.returncode != 0
     recorded = list(tmp_path.glob("error-*.txt"))
@@ -314,11 +221,11 @@ def test_markdown_has_a_row_per_measurement(report):
     _, data, _ = report
     rows = [
         line
-        for line in benchmark.markdown(data).splitlines()
+        for line in markdown(data).splitlines()
         if line.startswith("| ") and "---" not in line
     ]
     headers = 3
     assert len(rows) == headers + len(data["cells"]) + len(data["steady"]) + 2 * len(
         data["call"]
     )
-    assert "| 2 | tiny | none | between steps | torchft | " in benchmark.markdown(data)
+    assert "| 2 | tiny | none | between steps | torchft | " in markdown(data)
