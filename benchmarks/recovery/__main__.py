@@ -1,54 +1,66 @@
-"""Recovery after a lost rank: DDP following its group, against torchft 0.2.0 and a restart.
+"""Recovery after a lost rank: DDP following its group, against torchft and a restart.
 
 python -m benchmarks.recovery [options], from the repository's root, in the overlay venv of
 v2.14.1 (scripts/benchmark --base v2.14.1 runs it there).
 
 For each world size, model size and compile mode, a driver starts one process per replica
 (Gloo on CPU, a TCPStore the driver hosts), trains the transformer of
-resume_after_membership_change.py with Adam, SIGKILLs the last replica at step --kill-step,
-and starts a new process in its place once the survivors have completed --join-after further
-steps. The kill comes inside the replica's backward pass, or between steps (--kill-in; both by
-default). Paths:
+resume_after_membership_change.py with Adam, and at step --kill-step SIGKILLs the last replica
+inside its backward pass or between steps, or stops it (SIGSTOP) inside its backward pass, a
+hung process (--kill-in; all three by default). Once the survivors have completed --join-after
+further steps, a new process takes its place. Paths:
 
-  reconfigure  every process keeps one group for the whole run and reconfigures it in
-               place (dist._reconfigure); DDP follows with _update_process_group()
-  new_group    destroy and init the default group, then _update_process_group()
-  torchft      torchft's Manager, its DistributedDataParallel and its reconfigurable Gloo
-               group, with a lighthouse the driver starts (its timeouts are reported)
-  restart      a restart of every process, as TorchElastic does: from a checkpoint written
-               after every step, on the loss and again on the join
+  reconfigure      every process keeps one group for the whole run and reconfigures it in
+                   place (dist._reconfigure); DDP follows with _update_process_group()
+  new_group        destroy and init the default group, then _update_process_group()
+  torchft          torchft 0.2.0's Manager, its DistributedDataParallel and its
+                   reconfigurable Gloo group, with a lighthouse the driver starts
+  torchft_nightly  torchft-nightly 2026.10.26 the same way, in a venv of its own
+                   (scripts/benchmark --torchft-nightly makes it), on a native Gloo group
+  restart          a restart of every process, as TorchElastic does: from a checkpoint
+                   written after every step, on the loss and again on the join
+
+In reconfigure and new_group a survivor whose step fails releases the failed group at once
+(examples/elastic_ddp.py's release_failed_group), so that a peer blocked in the same
+collective fails too; before each step it checks the membership key, and skips the attempt
+where the loss is already known; the shrink to the survivors skips sync_module_states.
+
+Who detects the loss (--detection): the local agent, the processes' parent, which sees the
+exit status at once (a crash only); or a store-based membership, whose detector takes a
+member whose heartbeats stopped for --heartbeat-timeout as lost (any fault; a hang always uses
+it). torchft's lighthouse does its own. A hung peer's collectives end only at the group's
+timeout (--collective-timeout): nothing aborts a Gloo collective in torch 2.14.1.
 
 How a joining process is admitted: in reconfigure and new_group it builds, wraps and compiles
 its model and runs a step on a group of its own (the warm-up), then the driver admits it, and
 the first survivor chooses the next step boundary, which no member can have passed yet. The
 call broadcasts the parameters and buffers from a member (sync_module_states=True), and a
-member broadcasts Adam's state; in torchft the joiner heals from a member through torchft's
-checkpoint transport inside its first quorum (use_async_quorum=False); in restart every
-process loads the checkpoint. Detection differs: in reconfigure and new_group the driver, the
-processes' parent, sees the exit at once and publishes the survivors (an oracle, a lower bound
-on detection); torchft's lighthouse forms the next quorum once the lost replica's heartbeat
-expires, or sooner, once a majority has asked and its join timeout has passed.
+member broadcasts Adam's state; in torchft the joiner heals from a member inside its first
+quorum (use_async_quorum=False); in restart every process loads the checkpoint.
 
-Reported per path: the time from the kill to the survivors' next completed optimizer step;
-from the new process's start to its first completed step; the failed attempts (steps whose
-update was discarded and done again), the updates lost for good, and the steps short of a
-member (whose update averaged fewer replicas' gradients than the run had members); whether
-every process's parameters and Adam state at the end equal those of a reference run, path
-new_group replayed with the same membership schedule and no fault (bitwise, else the largest
-difference of a parameter); the graphs compiled after each process's warm-up; the peak RSS of
-a step during recovery over the steady state's; the steady step time.
+Reported per run: the time from the kill to the survivors' next completed optimizer step; to
+the last survivor's failure and to the detection; from the new process's start to its first
+completed step; the failed attempts (steps whose update was discarded and done again), the
+updates lost for good, and the steps short of a member; whether every process's parameters
+and Adam state at the end equal those of a reference run, path new_group replayed with the
+same membership schedule and no fault; the graphs compiled after each process's warm-up; the
+peak RSS of a step during recovery over the steady state's; the membership check's time.
+Each cell runs --runs times (by default 3 for 4 ranks at 1M and 10M and 2 ranks at 1M without
+compile, else 1); the tables give the median and the range.
 
 Then, for the same configurations, with no fault: the steady step of stock DDP against the
 series (stock in processes that load the wheel's original Python files; interleaved, repeated,
-a 95% interval of the ratio and a verdict against GOALS), torchft's beside them; and the cost
-of the _update_process_group call against the collectives it makes, each timed alone on the
-same group with the same payloads.
+a 95% interval of the ratio and a verdict against GOALS), torchft's beside them; the cost of
+the _update_process_group call against the collectives it makes, each timed alone; and the
+instructions of a fixed number of one-rank steps, stock against series, counted by callgrind
+(valgrind), with the forward pass's reconfigure check timed alone.
 
 Writes a table to stdout, recovery_after_lost_rank.json to --out, a file that every
-measurement updates, so that a run that stops can go on (--paths, --kill-in, --worlds, --sizes,
---compile and --skip choose what runs), and a plot of the file, recovery_after_lost_rank.png.
-Needs torch 2.14 with the series (the overlay venv of v2.14.1) and torchft 0.2.0. The worker
-processes are modules of this package (python -m benchmarks.recovery.worker_replica, ...).
+measurement updates, so that a run that stops goes on where it stopped (--paths, --kill-in,
+--worlds, --sizes, --compile, --runs and --skip choose what runs), and a plot of the file,
+recovery_after_lost_rank.png. Needs torch 2.14 with the series (the overlay venv of v2.14.1)
+and torchft 0.2.0. The worker processes are modules of this package (python -m
+benchmarks.recovery.worker_replica, ...). Never run in CI: its test runs a tiny model.
 """
 
 import argparse
@@ -60,14 +72,21 @@ import itertools
 import os
 import pathlib
 import sys
-from typing import Dict
+from typing import Callable, Dict
 
 import torch
 import torch.distributed as dist
 
-from benchmarks.recovery import report, results
-from benchmarks.recovery.cells import Cell, GOALS, KILL_IN, PATHS
-from benchmarks.recovery.driver import RunFailed
+from benchmarks.recovery import instructions, plot, report, results
+from benchmarks.recovery.cells import (
+    Cell,
+    detection_of,
+    GOALS,
+    KILL_IN,
+    PATH_VERSIONS,
+    PATHS,
+)
+from benchmarks.recovery.driver import RunFailed, TORCHFT_NIGHTLY_VENV
 from benchmarks.recovery.measure import (
     measure_call,
     measure_cell,
@@ -76,9 +95,13 @@ from benchmarks.recovery.measure import (
 )
 from benchmarks.resume_after_membership_change import SIZES
 
+# The configurations whose cells run three times by default (issue 32): the others once.
+THREE_RUNS = {(4, "1M", "none"), (4, "10M", "none"), (2, "1M", "none")}
+SKIPPABLE = ("recovery", "steady", "call", "instructions")
 
-def main() -> int:
-    """Measures what the options choose and the file lacks; prints the table, writes the plot."""
+
+def parse_arguments() -> argparse.Namespace:
+    """Parses the command line, and checks that what it chooses can run here."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.recovery",
         description=__doc__,
@@ -100,6 +123,13 @@ def main() -> int:
     )
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     parser.add_argument(
+        "--runs",
+        type=int,
+        help="runs of each cell (default: 3 for 4 ranks at 1M and 10M and 2 ranks at 1M "
+        "without compile, else 1); a cell that has fewer runs of its path's recovery of now "
+        "gets more",
+    )
+    parser.add_argument(
         "--steps-after-join",
         type=int,
         default=5,
@@ -111,9 +141,33 @@ def main() -> int:
         nargs="+",
         default=list(KILL_IN),
         choices=KILL_IN,
-        help="where the replica is killed: inside its backward pass (from a hook on the embedding's "
-        "gradient, after the other buckets' allreduces started), or between steps (before it starts "
-        "the step of the kill, after every replica completed the one before)",
+        help="the fault: the replica SIGKILLed inside its backward pass (from a hook on the "
+        "embedding's gradient, after the other buckets' allreduces started), or between steps "
+        "(before it starts the step of the kill, after every replica completed the one "
+        "before), or stopped with SIGSTOP inside its backward pass (hang)",
+    )
+    parser.add_argument(
+        "--detection",
+        nargs="+",
+        default=["local_agent"],
+        choices=["local_agent", "heartbeat", "heartbeat_socket_shutdown"],
+        help="who detects a kill in reconfigure, new_group and restart: the local agent (the "
+        "exit status) or the store-based membership (heartbeats); a hang uses the heartbeats "
+        "where the local agent is chosen; torchft its lighthouse. heartbeat_socket_shutdown: "
+        "the heartbeats, then each survivor shuts down its group's sockets by hand, a stand-in "
+        "for a Gloo abort (not the recipe; it measures what a real abort would give)",
+    )
+    parser.add_argument(
+        "--heartbeat-period",
+        type=float,
+        default=0.1,
+        help="seconds between a member's heartbeats, and between the detector's reads",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=1.0,
+        help="seconds without a heartbeat after which the detector takes a member as lost",
     )
     parser.add_argument(
         "--join-after",
@@ -131,8 +185,8 @@ def main() -> int:
         "--collective-timeout",
         type=float,
         default=10.0,
-        help="of the groups' collectives, in seconds: in Gloo's ring, a survivor that is not the "
-        "lost rank's neighbor learns of the loss only when its collective times out",
+        help="of the groups' collectives, in seconds: a survivor blocked on a hung peer waits "
+        "this long",
     )
     parser.add_argument("--lighthouse-heartbeat-timeout-ms", type=int, default=1000)
     parser.add_argument("--lighthouse-join-timeout-ms", type=int, default=100)
@@ -142,29 +196,61 @@ def main() -> int:
     parser.add_argument("--steady-steps", type=int, default=20)
     parser.add_argument("--call-repeats", type=int, default=10)
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["recovery", "steady", "call"]
+        "--instructions-sizes",
+        nargs="+",
+        default=["1M"],
+        choices=sorted(SIZES),
+        help="the model sizes whose one-rank steps callgrind counts",
     )
     parser.add_argument(
-        "--markdown",
-        action="store_true",
-        help="print the file's measurements as Markdown tables (with --skip recovery steady call, "
-        "and nothing is measured)",
+        "--instructions-steps",
+        type=int,
+        default=10,
+        help="the one-rank steps whose instructions callgrind counts, after 3 of warm-up",
+    )
+    parser.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=SKIPPABLE,
+        help="recovery: the cells with a fault; steady: the steady step; call: the call; "
+        "instructions: the instruction counts (all four: the file's tables, measuring nothing)",
     )
     parser.add_argument(
         "--again",
         action="store_true",
-        help="measure again what the file in --out already has (by default kept, so that a run "
-        "that stopped goes on where it stopped)",
+        help="measure again what the file in --out already has: the chosen cells' runs of "
+        "now are replaced (by default kept, so that a run that stopped goes on where it "
+        "stopped)",
     )
     parser.add_argument(
         "--out",
         type=pathlib.Path,
         default=pathlib.Path(__file__).resolve().parents[1] / "results",
     )
+    parser.add_argument(
+        "--hold-survivors-at-the-kill",
+        action="store_true",
+        help=argparse.SUPPRESS,  # a test's: the survivors wait before the kill's step
+    )
     args = parser.parse_args()
-    if "torchft" in args.paths and importlib.util.find_spec("torchft") is None:
+    measures_recovery = "recovery" not in args.skip
+    if (
+        measures_recovery
+        and "torchft" in args.paths
+        and importlib.util.find_spec("torchft") is None
+    ):
         parser.error(
             "path torchft needs torchft 0.2.0 (pip install torchft==0.2.0), or leave it out of --paths"
+        )
+    if (
+        measures_recovery
+        and "torchft_nightly" in args.paths
+        and not (TORCHFT_NIGHTLY_VENV / "bin" / "torchft_lighthouse").exists()
+    ):
+        parser.error(
+            f"path torchft_nightly needs torchft-nightly in {TORCHFT_NIGHTLY_VENV} "
+            "(scripts/benchmark --torchft-nightly makes it), or leave it out of --paths"
         )
     if "reconfigure" in args.paths and not hasattr(dist, "_reconfigure"):
         parser.error(
@@ -174,19 +260,34 @@ def main() -> int:
         parser.error(
             "--kill-step must be at least 2 (a step after the first), --steps-after-join at least 3"
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / results.FILE_NAME
-    data = results.load(out)
-    data["machine"] = {
+    return args
+
+
+def describe_machine() -> dict:
+    """Returns what the file records of the machine: its CPUs, torch's and torchft's versions."""
+    return {
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "torchft": importlib.util.find_spec("torchft")
         and importlib.metadata.version("torchft"),
     }
+
+
+def main() -> int:
+    """Measures what the options choose and the file lacks; prints the table, writes the plot."""
+    args = parse_arguments()
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / results.FILE_NAME
+    data = results.load(out)
+    data["machine"] = describe_machine()
     data["lighthouse"] = {
         "heartbeat_timeout_ms": args.lighthouse_heartbeat_timeout_ms,
         "join_timeout_ms": args.lighthouse_join_timeout_ms,
         "quorum_tick_ms": args.lighthouse_tick_ms,
+    }
+    data["heartbeat"] = {
+        "period_s": args.heartbeat_period,
+        "timeout_s": args.heartbeat_timeout,
     }
     data["collective_timeout_s"] = args.collective_timeout
     data["goals"] = GOALS
@@ -199,7 +300,7 @@ def main() -> int:
     ]
 
     def measure(
-        found: Dict[str, dict], key: str, what: str, function, failures
+        found: Dict[str, dict], key: str, what: str, function: Callable, failures
     ) -> None:
         """Runs ``function`` into ``found[key]`` and saves the file, unless an earlier run did."""
         if key in found and not args.again:
@@ -216,18 +317,49 @@ def main() -> int:
         found[key] = {**result, "date": datetime.date.today().isoformat()}
         results.save(data, out)
 
+    def measure_runs(cell: Cell, wanted: int) -> None:
+        """Runs ``cell`` until the file has ``wanted`` runs of its path's recovery of now."""
+        entry = data["cells"].setdefault(cell.key, {"runs": []})
+        version = PATH_VERSIONS[cell.path]
+        if args.again:
+            entry["runs"] = [r for r in entry["runs"] if r.get("version") != version]
+        have = len(results.current_runs(data, cell.key))
+        if have >= wanted:
+            progress(f"[{cell.key}] kept: {have} runs (--again measures it again)")
+            return
+        for run in range(have, wanted):
+            progress(
+                f"[{cell.key}] run {run + 1} of {wanted}: the replica "
+                f"{'hangs' if cell.kill_in == 'hang' else 'is killed'} at step "
+                f"{args.kill_step} ({cell.kill_in}), detected by {cell.detection}, then replaced"
+            )
+            try:
+                result = measure_cell(args, cell)
+            except (RunFailed, StopIteration, ValueError) as e:
+                result = {"error": f"{type(e).__name__}: {e}"}
+            entry["runs"].append(
+                {
+                    **result,
+                    "version": version,
+                    "date": datetime.date.today().isoformat(),
+                }
+            )
+            results.save(data, out)
+
     for world, size, compile_mode in configs:
         base = Cell(world, size, compile_mode, "new_group")
         if "recovery" not in args.skip:
+            wanted = args.runs or (
+                3 if (world, size, compile_mode) in THREE_RUNS else 1
+            )
             for kill_in, path in itertools.product(args.kill_in, args.paths):
-                cell = dataclasses.replace(base, path=path, kill_in=kill_in)
-                measure(
-                    data["cells"],
-                    cell.key,
-                    f"a replica killed at step {args.kill_step} ({kill_in}), then replaced",
-                    lambda: measure_cell(args, cell),
-                    (RunFailed, StopIteration, ValueError),
-                )
+                for detection in sorted(
+                    {detection_of(path, kill_in, d) for d in args.detection}
+                ):
+                    cell = dataclasses.replace(
+                        base, path=path, kill_in=kill_in, detection=detection
+                    )
+                    measure_runs(cell, wanted)
         if "steady" not in args.skip:
             measure(
                 data["steady"],
@@ -244,8 +376,17 @@ def main() -> int:
                 lambda: measure_call(args, base),
                 RunFailed,
             )
-    print(report.markdown(data) if args.markdown else report.table(data))
-    report.plot(data, out.with_suffix(".png"))
+    if "instructions" not in args.skip:
+        for size in args.instructions_sizes:
+            measure(
+                data["instructions"],
+                f"w1-{size}",
+                f"instructions of {args.instructions_steps} one-rank steps: stock, series",
+                lambda: instructions.measure_instructions(args, size),
+                instructions.CountFailed,
+            )
+    print(report.markdown(data))
+    plot.plot(data, out.with_suffix(".png"))
     progress(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 

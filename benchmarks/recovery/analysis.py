@@ -10,7 +10,12 @@ import torch
 from benchmarks.recovery.cells import SURVIVORS
 
 
-def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
+def analyze(
+    events: List[dict],
+    spawned: Dict[int, int],
+    victim: int,
+    detected_at: Optional[int] = None,
+) -> dict:
     """Analyzes one run with the fault: its times, discarded attempts, RSS, graphs and schedule."""
     kill = next(e for e in events if e["kind"] == "kill")
     completed = [e for e in events if e["kind"] == "step"]
@@ -71,9 +76,27 @@ def analyze(events: List[dict], spawned: Dict[int, int], victim: int) -> dict:
         step: world - 1 if left_at <= step < first_join["step"] else world
         for step in averaged
     }
+    # When each survivor left the failed generation: its first failure after the kill (the
+    # third survivor of a ring learns of the loss last), or its skipped step.
+    failures = {}
+    for e in events:
+        if e["kind"] == "failed" and e["t"] > kill["t"] and e["slot"] in survivors:
+            failures.setdefault(e["slot"], e["t"])
+    checks = [e["s"] for e in events if e["kind"] == "membership_checked"]
+    shrink = [
+        e for e in events if e["kind"] == "entered" and e["generation"] == SURVIVORS
+    ]
     return {
         "end": end,
         "kill_to_survivors_step_s": (recovered - kill["t"]) / 1e9,
+        "kill_to_last_failure_s": (
+            (max(failures.values()) - kill["t"]) / 1e9 if failures else None
+        ),
+        "kill_to_detection_s": (
+            (detected_at - kill["t"]) / 1e9 if detected_at is not None else None
+        ),
+        "membership_check_s": statistics.median(checks) if checks else None,
+        "shrink_synced_module": any(e.get("synced") for e in shrink),
         "new_process_to_first_step_s": (first_join["t"] - spawned[first_join["pid"]])
         / 1e9,
         "left_at": left_at,

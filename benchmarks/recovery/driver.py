@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,10 +17,21 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.recovery import stock_torch
-from benchmarks.recovery.cells import Cell, FIRST, MAX_STEPS, REJOINED, SURVIVORS
+from benchmarks.recovery.cells import (
+    Cell,
+    FIRST,
+    HEARTBEAT_DETECTIONS,
+    MAX_STEPS,
+    REJOINED,
+    SURVIVORS,
+    TORCHFT_PATHS,
+)
 from benchmarks.recovery.events import read_events, recorded_error
+from benchmarks.recovery.membership import HeartbeatDetector
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# torchft-nightly's venv: it ships the package torchft, as 0.2.0 does, so it has one of its own.
+TORCHFT_NIGHTLY_VENV = REPO / ".venv-torchft-nightly"
 
 
 class RunFailed(Exception):
@@ -27,18 +39,72 @@ class RunFailed(Exception):
 
 
 def worker_command(
-    module: str, env: Dict[str, str], *, stock: bool = False
+    module: str,
+    env: Dict[str, str],
+    *,
+    stock: bool = False,
+    python: Optional[str] = None,
 ) -> List[str]:
     """Returns the start of the command line of worker ``module`` (worker_replica, ...), and
     sets in ``env`` what it needs: the repository on its path; on stock torch, the wheel's
-    own files."""
+    own files; with ``python``, another venv's interpreter (its torch is stock)."""
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO), env.get("PYTHONPATH")])
     )
     name = f"benchmarks.recovery.{module}"
+    if python is not None:
+        return [python, "-m", name]
     if stock:
         return stock_torch.command(env) + ["-m", stock_torch.__name__, name]
     return [sys.executable, "-m", name]
+
+
+def torchft_nightly_python() -> str:
+    """Returns torchft-nightly's venv's interpreter (scripts/benchmark --torchft-nightly makes it)."""
+    return str(TORCHFT_NIGHTLY_VENV / "bin" / "python")
+
+
+class NightlyLighthouse:
+    """torchft-nightly's lighthouse, its own binary in its venv: the one of the driver's venv
+    is 0.2.0's."""
+
+    def __init__(self, min_replicas: int, args):
+        with socket.socket() as probe:
+            probe.bind(("localhost", 0))
+            self.port = probe.getsockname()[1]
+        self.proc = subprocess.Popen(
+            [
+                str(TORCHFT_NIGHTLY_VENV / "bin" / "torchft_lighthouse"),
+                "--bind",
+                f"[::]:{self.port}",
+                "--min_replicas",
+                str(min_replicas),
+                "--join_timeout_ms",
+                str(args.lighthouse_join_timeout_ms),
+                "--quorum_tick_ms",
+                str(args.lighthouse_tick_ms),
+                "--heartbeat_timeout_ms",
+                str(args.lighthouse_heartbeat_timeout_ms),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("localhost", self.port), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RunFailed("torchft-nightly's lighthouse did not start")
+                time.sleep(0.05)
+
+    def address(self) -> str:
+        return f"http://localhost:{self.port}"
+
+    def shutdown(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 class Driver:
@@ -73,6 +139,7 @@ class Driver:
         self.spawned: Dict[int, int] = {}  # pid -> monotonic_ns at its start
         self.lighthouse = None
         self.victim = cell.world - 1
+        self.detected_at: Optional[int] = None  # monotonic_ns, where the driver detects
 
     def spawn(
         self,
@@ -86,9 +153,10 @@ class Driver:
         env = dict(os.environ)
         # torchft's users run stock torch: its DDP subclasses stock DDP here.
         cmd = worker_command(
-            "worker_torchft" if path == "torchft" else "worker_replica",
+            "worker_torchft" if path in TORCHFT_PATHS else "worker_replica",
             env,
             stock=path == "torchft",
+            python=torchft_nightly_python() if path == "torchft_nightly" else None,
         )
         cmd += [
             "--slot",
@@ -130,6 +198,20 @@ class Driver:
             ]
         if restarted:
             cmd += ["--restarted"]
+        if self.cell.detection in HEARTBEAT_DETECTIONS and self.reference is None:
+            cmd += ["--heartbeat-period", str(self.args.heartbeat_period)]
+            if (
+                self.cell.detection == "heartbeat_socket_shutdown"
+                and first_generation == FIRST
+            ):
+                cmd += ["--abort-by-socket-shutdown"]
+        if (
+            self.args.hold_survivors_at_the_kill
+            and self.reference is None
+            and first_generation == FIRST
+            and not kill
+        ):
+            cmd += ["--hold-before-kill-step", "--kill-step", str(self.args.kill_step)]
         if self.lighthouse is not None:
             cmd += ["--lighthouse", self.lighthouse.address()]
         start = time.monotonic_ns()
@@ -214,7 +296,7 @@ class Driver:
     def run(self) -> List[dict]:
         """Runs the cell to its end; returns every process's events."""
         try:
-            if self.cell.path == "torchft":
+            if self.cell.path in TORCHFT_PATHS:
                 self.run_torchft()
             elif self.reference is not None:
                 self.run_reference()
@@ -264,17 +346,27 @@ class Driver:
             slot: self.spawn(slot, path, kill=slot == self.victim) for slot in everyone
         }
         self.publish(FIRST, everyone, [])
-        self.wait(lambda: self.procs[first[self.victim]].poll() is not None, "the kill")
+        lost = self.detect_loss(first)
+        self.detected_at = time.monotonic_ns()
+        if lost != [self.victim]:
+            raise RunFailed(f"the detector took {lost} as lost, not [{self.victim}]")
         if path == "restart":
             # TorchElastic's agent stops the other workers and starts them all again.
             self.restart(survivors, SURVIVORS, restart=1)
         else:
             self.publish(SURVIVORS, survivors, [])
+            # The membership key, which the survivors check before each step.
+            self.store.set(f"lost/{FIRST}", json.dumps(lost))
+        if self.cell.detection == "heartbeat_socket_shutdown":
+            self.store.set("abort", "1")
+        if self.args.hold_survivors_at_the_kill:
+            self.store.set("hold/released", "1")
         self.wait(
             lambda: self.completed(survivors)
             >= self.args.kill_step + self.args.join_after,
             "the survivors",
         )
+        self.kill_hung_victim(first)
         if path == "restart":
             self.restart(everyone, REJOINED, restart=2)
             return
@@ -289,6 +381,46 @@ class Driver:
         self.publish(REJOINED, everyone, [self.victim])
         self.store.set(f"admit/{SURVIVORS}", "1")
 
+    def detect_loss(self, first: Dict[int, int]) -> List[int]:
+        """Waits until the cell's detection finds a member lost; returns the lost slots.
+
+        The local agent sees a process's exit status at once. The heartbeat detector sees
+        heartbeats that stopped, after the heartbeat timeout, whatever the cause.
+        """
+        if self.cell.detection == "local_agent":
+            self.wait(
+                lambda: any(
+                    self.procs[pid].poll() is not None for pid in first.values()
+                ),
+                "the kill",
+            )
+            return [
+                slot
+                for slot, pid in first.items()
+                if self.procs[pid].poll() is not None
+            ]
+        detector = HeartbeatDetector(
+            self.store,
+            list(first),
+            self.args.heartbeat_period,
+            self.args.heartbeat_timeout,
+        )
+        found: List[int] = []
+
+        def lost() -> bool:
+            found[:] = detector.lost()
+            return bool(found)
+
+        self.wait(lost, "a member's heartbeats to stop")
+        return sorted(found)
+
+    def kill_hung_victim(self, first: Dict[int, int]) -> None:
+        """Kills the victim where it hangs: the run is past it, and it must end."""
+        victim = self.procs[first[self.victim]]
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+
     def restart(self, slots: List[int], generation: int, restart: int) -> None:
         """Kills every process and starts those of ``slots`` again from the checkpoint."""
         for p in self.procs.values():
@@ -302,33 +434,38 @@ class Driver:
             self.spawn(slot, "restart", first_generation=generation, restarted=True)
 
     def run_torchft(self) -> None:
-        from torchft._torchft import LighthouseServer
+        if self.cell.path == "torchft_nightly":
+            self.lighthouse = NightlyLighthouse(self.cell.world - 1, self.args)
+        else:
+            from torchft._torchft import LighthouseServer
 
-        self.lighthouse = LighthouseServer(
-            bind="[::]:0",
-            min_replicas=self.cell.world - 1,
-            join_timeout_ms=self.args.lighthouse_join_timeout_ms,
-            quorum_tick_ms=self.args.lighthouse_tick_ms,
-            heartbeat_timeout_ms=self.args.lighthouse_heartbeat_timeout_ms,
-        )
+            self.lighthouse = LighthouseServer(
+                bind="[::]:0",
+                min_replicas=self.cell.world - 1,
+                join_timeout_ms=self.args.lighthouse_join_timeout_ms,
+                quorum_tick_ms=self.args.lighthouse_tick_ms,
+                heartbeat_timeout_ms=self.args.lighthouse_heartbeat_timeout_ms,
+            )
         everyone, survivors = list(range(self.cell.world)), list(
             range(self.cell.world - 1)
         )
         first = {
             slot: self.spawn(
-                slot, "torchft", kill=slot == self.victim and not self.steady
+                slot, self.cell.path, kill=slot == self.victim and not self.steady
             )
             for slot in everyone
         }
         if self.steady:
             return
-        self.wait(lambda: self.procs[first[self.victim]].poll() is not None, "the kill")
+        # torchft's lighthouse detects the loss; the driver only follows the run.
+        self.wait(lambda: any(e["kind"] == "kill" for e in self.events()), "the kill")
         self.wait(
             lambda: self.completed(survivors)
             >= self.args.kill_step + self.args.join_after,
             "the survivors",
         )
-        pid = self.spawn(self.victim, "torchft", restarted=True)
+        self.kill_hung_victim(first)
+        pid = self.spawn(self.victim, self.cell.path, restarted=True)
         # Its first step is everyone's: the run ends a fixed number of steps after it.
         self.wait(
             lambda: any(e["kind"] == "step" and e["pid"] == pid for e in self.events()),

@@ -19,7 +19,7 @@ def measure_cell(args, cell: Cell) -> dict:
     """Measures one path: the run with the fault, then path new_group replaying its schedule, compared."""
     with tempfile.TemporaryDirectory() as workdir:
         driver = Driver(args, cell, workdir)
-        run = analyze(driver.run(), driver.spawned, driver.victim)
+        run = analyze(driver.run(), driver.spawned, driver.victim, driver.detected_at)
         reference_cell = dataclasses.replace(cell, path="new_group")
         with tempfile.TemporaryDirectory() as refdir:
             Driver(args, reference_cell, refdir, reference=run).run()

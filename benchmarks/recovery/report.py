@@ -1,273 +1,24 @@
-"""The results file as text: the table printed after a run, the Markdown of docs/benchmark.md,
-and the plot."""
+"""The results file as text: the table printed after a run and the Markdown of
+docs/benchmark.md, with the goals; each cell as the median and range of its runs."""
 
-import itertools
-import pathlib
+import statistics
+from typing import Callable, Dict, List, Optional
 
-from benchmarks.recovery.cells import CALL_MODES, GOALS, PATHS
+from benchmarks.recovery import results
+from benchmarks.recovery.cells import CALL_MODES, GOALS, KILL_IN, PATHS, TORCHFT_PATHS
 from benchmarks.resume_after_membership_change import SIZES
 
-
-def short_steps(cell: dict) -> str:
-    """Formats a cell's steps short of a member; measurements from before the count have none."""
-    return str(cell["short_steps"]) if "short_steps" in cell else "n/c"
-
-
-def table(data: dict) -> str:
-    """Formats the file's measurements as the table printed after a run."""
-    lines = [
-        f"{'world':>5} {'size':>5} {'compile':8} {'killed in':13} {'path':14} {'kill->step s':>12} "
-        f"{'new->step s':>11} {'discarded':>9} {'lost':>4} {'short':>5} {'exact':>5} {'max diff':>9} {'graphs':>6} "
-        f"{'RSS/st':>6} {'step ms':>7}"
-    ]
-    for key, r in data["cells"].items():
-        world, size, compile_mode, kill_in, path = key.split("-", 4)
-        row = f"{world[1:]:>5} {size:>5} {compile_mode:8} {kill_in:13} {path:14}"
-        if "error" in r:
-            lines.append(f"{row} failed: {r['error']}")
-            continue
-        lines.append(
-            f"{row} {r['kill_to_survivors_step_s']:12.2f} "
-            f"{r['new_process_to_first_step_s']:11.2f} {r['discarded_attempts']:9d} {r['lost_updates']:4d} "
-            f"{short_steps(r):>5} {'yes' if r['bitwise_equal_to_reference'] else 'no':>5} {r['max_abs_diff']:9.2e} "
-            f"{r['graphs_after_warmup']:6d} {r['recovery_rss_over_steady']:6.2f} "
-            f"{(r['steady_step_s'] or 0) * 1e3:7.1f}"
-        )
-    for key, r in data["steady"].items():
-        if "error" in r:
-            lines.append(f"steady {key}: failed: {r['error']}")
-            continue
-        low, high = r["interval_95"]
-        text = (
-            f"steady {key}: series/stock {r['series_over_stock']:.4f} "
-            f"(95% {low if low is None else round(low, 4)}..{high if high is None else round(high, 4)}, "
-            f"{r['repeats']} repeats): {r['verdict']} (goal {GOALS['steady_over_stock']})"
-        )
-        if "torchft_over_stock" in r:
-            text += f"; torchft/stock {r['torchft_over_stock']:.3f}"
-        lines.append(text)
-    for key, r in data["call"].items():
-        if "error" in r:
-            lines.append(f"call {key}: failed: {r['error']}")
-            continue
-        for mode in CALL_MODES:
-            m = r[mode]
-            lines.append(
-                f"call {key} {mode:7}: {m['call_s'] * 1e3:8.2f} ms, its {m['rounds']} collectives alone "
-                f"{m['collectives_s'] * 1e3:8.2f} ms: x{m['call_over_collectives']:.2f} "
-                f"({'met' if m['met'] else 'not met'}, goal {GOALS['call_over_collectives']})"
-            )
-    return "\n".join(lines)
-
-
-def escaped(error: str) -> str:
-    """Returns an error's first 160 characters, for a cell of a Markdown table."""
-    return error[:160].replace("|", "\\|")
-
-
-def markdown(data: dict) -> str:
-    """Formats the file's measurements as the Markdown tables of docs/benchmark.md."""
-    lines = [
-        "| world | size | compile | killed in | path | kill → survivors' next step, s | new process → its first "
-        "step, s | discarded | lost | short of a member | equal to the reference | RSS in recovery / steady | "
-        "graphs after warm-up |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-
-    def cell_order(key: str) -> tuple:
-        config, path = key.rsplit("-", 1)
-        return config_order(config), PATHS.index(path)
-
-    for key in sorted(data["cells"], key=cell_order):
-        r = data["cells"][key]
-        world, size, compile_mode, kill_in, path = key.split("-", 4)
-        row = f"| {world[1:]} | {size} | {compile_mode} | {kill_in.replace('_', ' ')} | {path} |"
-        if "error" in r:
-            lines.append(f"{row} failed: {escaped(r['error'])} | | | | | | | |")
-            continue
-        exact = (
-            "bitwise"
-            if r["bitwise_equal_to_reference"]
-            else f"no: at most {r['max_abs_diff']:.1e}"
-            + (
-                f", relative L2 {r['relative_l2_diff']:.1e}"
-                if "relative_l2_diff" in r
-                else ""
-            )
-        )
-        lines.append(
-            f"{row} {r['kill_to_survivors_step_s']:.2f} | {r['new_process_to_first_step_s']:.2f} | "
-            f"{r['discarded_attempts']} | {r['lost_updates']} | {short_steps(r)} | {exact} | "
-            f"{r['recovery_rss_over_steady']:.2f} | "
-            f"{r['graphs_after_warmup']} |"
-        )
-    lines += [
-        "",
-        "| world | size | compile | stock step, ms | series / stock | 95% interval | verdict (goal "
-        f"{GOALS['steady_over_stock']}) | torchft / stock |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for key in sorted(data["steady"], key=config_order):
-        r = data["steady"][key]
-        world, size, compile_mode = key.split("-")
-        if "error" in r:
-            lines.append(
-                f"| {world[1:]} | {size} | {compile_mode} | failed: {escaped(r['error'])} | | | | |"
-            )
-            continue
-        low, high = r["interval_95"]
-        torchft = (
-            f"{r['torchft_over_stock']:.3f}" if "torchft_over_stock" in r else "not run"
-        )
-        lines.append(
-            f"| {world[1:]} | {size} | {compile_mode} | {r['stock_step_s'] * 1e3:.1f} | "
-            f"{r['series_over_stock']:.3f} | {low:.3f} to {high:.3f} | {r['verdict']} | {torchft} |"
-        )
-    lines += [
-        "",
-        "| world | size | `sync_module_states` | call, ms | rounds | its collectives alone, ms | ratio (goal "
-        f"{GOALS['call_over_collectives']}) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for key in sorted(data["call"], key=config_order):
-        r = data["call"][key]
-        world, size = key.split("-")
-        if "error" in r:
-            lines.append(
-                f"| {world[1:]} | {size} | | failed: {escaped(r['error'])} | | | |"
-            )
-            continue
-        for mode in CALL_MODES:
-            m = r[mode]
-            lines.append(
-                f"| {world[1:]} | {size} | {'yes' if mode == 'sync' else 'no'} | {m['call_s'] * 1e3:.2f} | "
-                f"{m['rounds']} | {m['collectives_s'] * 1e3:.2f} | {m['call_over_collectives']:.2f}, "
-                f"{'met' if m['met'] else 'not met'} |"
-            )
-    return "\n".join(lines)
-
-
-def plot(data: dict, path: pathlib.Path) -> None:
-    """Plots four panels: the two recovery times of each path per configuration, the steady step
-    over stock DDP's with its 95% interval, and the call over its collectives alone."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ((kill, new), (steady, call)) = plt.subplots(2, 2, figsize=(16, 9))
-    # A configuration and where the kill came: the key of a cell without its path.
-    configs = sorted({key.rsplit("-", 1)[0] for key in data["cells"]}, key=config_order)
-    width = 0.8 / len(PATHS)
-    for ax, field, title in (
-        (kill, "kill_to_survivors_step_s", "Kill to the survivors' next step"),
-        (new, "new_process_to_first_step_s", "New process to its first step"),
-    ):
-        labeled = set()
-        for (x, config), (i, recovery_path) in itertools.product(
-            enumerate(configs), enumerate(PATHS)
-        ):
-            r = data["cells"].get(f"{config}-{recovery_path}")
-            if r is None:
-                continue
-            position = x + (i - (len(PATHS) - 1) / 2) * width
-            if "error" in r:
-                ax.text(
-                    position,
-                    0.02,
-                    f"{recovery_path}: failed",
-                    rotation=90,
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                    color=f"C{i}",
-                    transform=ax.get_xaxis_transform(),
-                )
-                continue
-            ax.bar(
-                position,
-                r[field],
-                width,
-                color=f"C{i}",
-                label=None if recovery_path in labeled else recovery_path,
-            )
-            labeled.add(recovery_path)
-        ax.set_xticks(range(len(configs)), configs, rotation=30, ha="right", fontsize=7)
-        ax.set(ylabel="seconds", yscale="log", title=title)
-    steady_keys = sorted(data["steady"], key=config_order)
-    for x, key in enumerate(steady_keys):
-        r = data["steady"][key]
-        if "error" in r:
-            continue
-        low, high = r["interval_95"]
-        mean = r["series_over_stock"]
-        steady.errorbar(
-            x,
-            mean,
-            yerr=[[mean - low], [high - mean]] if low is not None else None,
-            fmt="o",
-            color="C0",
-            capsize=3,
-            label="series / stock" if x == 0 else None,
-        )
-        if "torchft_over_stock" in r:
-            steady.plot(
-                x,
-                r["torchft_over_stock"],
-                "s",
-                color="C2",
-                label="torchft / stock" if x == 0 else None,
-            )
-    steady.axhline(
-        GOALS["steady_over_stock"],
-        color="k",
-        linestyle="--",
-        linewidth=0.8,
-        label="goal",
-    )
-    steady.axhline(1.0, color="k", linewidth=0.5)
-    steady.set_xticks(
-        range(len(steady_keys)), steady_keys, rotation=30, ha="right", fontsize=7
-    )
-    steady.set(
-        ylabel="step time / stock DDP's", title="Steady step, with the 95% interval"
-    )
-    call_keys = sorted(data["call"], key=config_order)
-    for i, mode in enumerate(CALL_MODES):
-        points = [
-            (x, data["call"][key][mode]["call_over_collectives"])
-            for x, key in enumerate(call_keys)
-            if "error" not in data["call"][key]
-        ]
-        call.plot(
-            [x for x, _ in points],
-            [y for _, y in points],
-            "o",
-            color=f"C{i}",
-            label=f"sync_module_states={mode == 'sync'}",
-        )
-    call.axhline(
-        GOALS["call_over_collectives"],
-        color="k",
-        linestyle="--",
-        linewidth=0.8,
-        label="goal",
-    )
-    call.set_xticks(range(len(call_keys)), call_keys, fontsize=7)
-    call.set(
-        ylabel="call / its collectives alone", title="The _update_process_group call"
-    )
-    for ax in (kill, new, steady, call):
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7)
-    machine = data["machine"]
-    fig.suptitle(
-        f"Recovery after a lost rank: torch {machine['torch']}, torchft {machine['torchft']}, "
-        f"Gloo, {machine['cpus']} CPUs",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+FAULTS = {
+    "backward": "killed in backward",
+    "between_steps": "killed between steps",
+    "hang": "hangs in backward",
+}
+DETECTION_NAMES = {
+    "local_agent": "local agent",
+    "heartbeat": "heartbeats",
+    "heartbeat_socket_shutdown": "heartbeats, then sockets shut down (not the recipe)",
+    "lighthouse": "lighthouse",
+}
 
 
 def config_order(key: str) -> tuple:
@@ -276,3 +27,293 @@ def config_order(key: str) -> tuple:
     """
     world, size, *rest = key.split("-")
     return int(world[1:]), list(SIZES).index(size), rest
+
+
+def cell_order(key: str) -> tuple:
+    """Returns the sort key of a cell: its configuration, fault, detection, then path."""
+    world, size, compile_mode, kill_in, detection, path = key.split("-")
+    return (
+        config_order(f"{world}-{size}-{compile_mode}"),
+        KILL_IN.index(kill_in),
+        detection,
+        PATHS.index(path),
+    )
+
+
+def seconds(values: List[float]) -> str:
+    """Formats times as their median and, for more than one, their range."""
+    if not values:
+        return "n/a"
+    median = f"{statistics.median(values):.2f}"
+    if len(values) == 1:
+        return median
+    return f"{median} ({min(values):.2f} to {max(values):.2f})"
+
+
+def counts(values: List[int]) -> str:
+    """Formats counts as one value, or their range where the runs differ."""
+    return (
+        f"{min(values)}"
+        if min(values) == max(values)
+        else f"{min(values)} to {max(values)}"
+    )
+
+
+def exactness(runs: List[dict]) -> str:
+    """Formats the comparison with the reference of every run."""
+    bitwise = sum(r["bitwise_equal_to_reference"] for r in runs)
+    if bitwise == len(runs):
+        return "bitwise"
+    worst = max(runs, key=lambda r: r["max_abs_diff"])
+    detail = f"at most {worst['max_abs_diff']:.1e}" + (
+        f", relative L2 {worst['relative_l2_diff']:.1e}"
+        if "relative_l2_diff" in worst
+        else ""
+    )
+    return (
+        f"bitwise in {bitwise} of {len(runs)}; else {detail}"
+        if bitwise
+        else f"no: {detail}"
+    )
+
+
+def escaped(error: str, length: int = 160) -> str:
+    """Returns an error's first characters, for a cell of a Markdown table."""
+    return error[:length].replace("|", "\\|")
+
+
+def completed_runs(runs: List[dict]) -> List[dict]:
+    return [r for r in runs if "error" not in r]
+
+
+def field(runs: List[dict], name: str) -> list:
+    """Returns the runs' values of ``name``, leaving out the runs that lack it."""
+    return [r[name] for r in runs if r.get(name) is not None]
+
+
+def recovery_rows(data: dict) -> List[str]:
+    """Formats the cells of now as the rows of the recovery table."""
+    rows = []
+    for key in sorted(data["cells"], key=cell_order):
+        runs = results.current_runs(data, key)
+        if not runs:
+            continue
+        world, size, compile_mode, kill_in, detection, path = key.split("-")
+        row = (
+            f"| {world[1:]} | {size} | {compile_mode} | {FAULTS[kill_in]} | "
+            f"{DETECTION_NAMES[detection]} | {path} |"
+        )
+        done = completed_runs(runs)
+        failed = [r for r in runs if "error" in r]
+        ran = f"{len(runs)}" + (
+            f", {len(failed)} failed: {escaped(failed[0]['error'], 120)}"
+            if failed
+            else ""
+        )
+        if not done:
+            rows.append(f"{row} {ran} |" + " |" * 9)
+            continue
+        short = field(done, "short_steps")
+        rows.append(
+            f"{row} {ran} | {seconds(field(done, 'kill_to_survivors_step_s'))} | "
+            f"{seconds(field(done, 'kill_to_last_failure_s'))} | "
+            f"{seconds(field(done, 'new_process_to_first_step_s'))} | "
+            f"{counts(field(done, 'discarded_attempts'))} | "
+            f"{counts(field(done, 'lost_updates'))} | "
+            f"{counts(short) if len(short) == len(done) else 'n/c'} | "
+            f"{exactness(done)} | "
+            f"{max(field(done, 'recovery_rss_over_steady')):.2f} | "
+            f"{counts(field(done, 'graphs_after_warmup'))} |"
+        )
+    return rows
+
+
+RECOVERY_HEADER = [
+    "| world | size | compile | fault | detection | path | runs | kill → survivors' next step, s "
+    "| kill → last survivor's failure, s | new process → its first step, s | discarded "
+    "| lost | short of a member | equal to the reference | RSS in recovery / steady, largest "
+    "| graphs after warm-up |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+    "| --- | --- |",
+]
+
+
+def median_recovery(data: dict, key: str) -> Optional[float]:
+    """Returns the median recovery of cell ``key`` where every run of now completed."""
+    runs = results.current_runs(data, key)
+    if not runs or len(completed_runs(runs)) < len(runs):
+        return None
+    return statistics.median(r["kill_to_survivors_step_s"] for r in runs)
+
+
+def goal_rows(data: dict) -> List[str]:
+    """Formats, per configuration and fault, reconfigure against each torchft and the goals."""
+    rows = []
+    faults = sorted(
+        {key.rsplit("-", 2)[0] for key in data["cells"]},
+        key=lambda k: (config_order(k), KILL_IN.index(k.rsplit("-", 1)[1])),
+    )
+    for fault in faults:
+        detection = "heartbeat" if fault.endswith("-hang") else "local_agent"
+        ours_key = f"{fault}-{detection}-reconfigure"
+        runs = results.current_runs(data, ours_key)
+        if not runs:
+            continue
+        ours = median_recovery(data, ours_key)
+        world, size, compile_mode, kill_in = fault.split("-")
+        cells = [f"{seconds(field(completed_runs(runs), 'kill_to_survivors_step_s'))}"]
+        verdicts = []
+        for path in TORCHFT_PATHS:
+            theirs_runs = results.current_runs(data, f"{fault}-lighthouse-{path}")
+            theirs = median_recovery(data, f"{fault}-lighthouse-{path}")
+            if not theirs_runs:
+                cells.append("not run")
+            elif theirs is None:
+                done = len(completed_runs(theirs_runs))
+                cells.append(
+                    f"did not complete ({done} of {len(theirs_runs)} runs did)"
+                )
+            else:
+                cells.append(seconds(field(theirs_runs, "kill_to_survivors_step_s")))
+                verdicts.append(ours is not None and ours <= theirs)
+        at_most = (
+            (
+                "yes"
+                if ours is not None and ours <= GOALS["recovery_s_at_4_ranks_1M"]
+                else "**no**"
+            )
+            if (world, size) == ("w4", "1M")
+            else "n/a"
+        )
+        done = completed_runs(runs)
+        exact = (
+            "yes"
+            if done
+            and len(done) == len(runs)
+            and all(
+                r["lost_updates"] == 0 and r["bitwise_equal_to_reference"] for r in done
+            )
+            else "**no**"
+        )
+        faster = (
+            "n/a (no torchft completed)"
+            if not verdicts
+            else ("yes" if all(verdicts) else "**no**")
+        )
+        rows.append(
+            f"| {world[1:]} | {size} | {compile_mode} | {FAULTS[kill_in]} | "
+            f"{DETECTION_NAMES[detection]} | {' | '.join(cells)} | {faster} | {at_most} | "
+            f"{exact} |"
+        )
+    return rows
+
+
+GOAL_HEADER = [
+    "| world | size | compile | fault | detection | reconfigure, s | torchft 0.2.0, s "
+    "| torchft-nightly, s | at or below each torchft that completes | at most "
+    f"{GOALS['recovery_s_at_4_ranks_1M']} s at 4 ranks, 1M | 0 lost, bitwise |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+]
+
+
+def steady_rows(data: dict) -> List[str]:
+    rows = []
+    for key in sorted(data["steady"], key=config_order):
+        r = data["steady"][key]
+        world, size, compile_mode = key.split("-")
+        if "error" in r:
+            rows.append(
+                f"| {world[1:]} | {size} | {compile_mode} | failed: {escaped(r['error'])} | | | | |"
+            )
+            continue
+        low, high = r["interval_95"]
+        torchft = (
+            f"{r['torchft_over_stock']:.3f}" if "torchft_over_stock" in r else "not run"
+        )
+        rows.append(
+            f"| {world[1:]} | {size} | {compile_mode} | {r['stock_step_s'] * 1e3:.1f} | "
+            f"{r['series_over_stock']:.3f} | {low:.3f} to {high:.3f} | {r['verdict']} | {torchft} |"
+        )
+    return rows
+
+
+STEADY_HEADER = [
+    "| world | size | compile | stock step, ms | series / stock | 95% interval | verdict (goal "
+    f"{GOALS['steady_over_stock']}) | torchft / stock |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- |",
+]
+
+
+def call_rows(data: dict) -> List[str]:
+    rows = []
+    for key in sorted(data["call"], key=config_order):
+        r = data["call"][key]
+        world, size = key.split("-")
+        if "error" in r:
+            rows.append(
+                f"| {world[1:]} | {size} | | failed: {escaped(r['error'])} | | | |"
+            )
+            continue
+        for mode in CALL_MODES:
+            m = r[mode]
+            rows.append(
+                f"| {world[1:]} | {size} | {'yes' if mode == 'sync' else 'no'} | {m['call_s'] * 1e3:.2f} | "
+                f"{m['rounds']} | {m['collectives_s'] * 1e3:.2f} | {m['call_over_collectives']:.2f}, "
+                f"{'met' if m['met'] else 'not met'} |"
+            )
+    return rows
+
+
+CALL_HEADER = [
+    "| world | size | `sync_module_states` | call, ms | rounds | its collectives alone, ms | ratio (goal "
+    f"{GOALS['call_over_collectives']}) |",
+    "| --- | --- | --- | --- | --- | --- | --- |",
+]
+
+
+def instruction_rows(data: dict) -> List[str]:
+    rows = []
+    for key in sorted(data["instructions"], key=config_order):
+        r = data["instructions"][key]
+        size = key.split("-")[1]
+        if "error" in r:
+            rows.append(f"| {size} | failed: {escaped(r['error'])} | | | | | |")
+            continue
+        check = (
+            f"{r['check_s'] * 1e9:.0f}" if r.get("check_s") is not None else "no check"
+        )
+        rows.append(
+            f"| {size} | {r['steps']} | "
+            f"{', '.join(f'{n:,.0f}' for n in r['stock_per_step'])} | "
+            f"{', '.join(f'{n:,.0f}' for n in r['series_per_step'])} | "
+            f"{r['series_over_stock']:.5f}, {'met' if r['met'] else 'not met'} | {check} |"
+        )
+    return rows
+
+
+INSTRUCTION_HEADER = [
+    "| size | steps counted | stock, instructions a step | series, instructions a step "
+    f"| series / stock (goal {GOALS['instructions_over_stock']}) | the forward pass's "
+    "check, ns |",
+    "| --- | --- | --- | --- | --- | --- |",
+]
+
+SECTIONS: Dict[str, tuple] = {
+    "recovery": (RECOVERY_HEADER, recovery_rows),
+    "goals": (GOAL_HEADER, goal_rows),
+    "steady": (STEADY_HEADER, steady_rows),
+    "call": (CALL_HEADER, call_rows),
+    "instructions": (INSTRUCTION_HEADER, instruction_rows),
+}
+
+
+def markdown(data: dict) -> str:
+    """Formats the file's measurements as the Markdown tables of docs/benchmark.md, a table
+    per section that has rows."""
+    tables = []
+    for header, rows_of in SECTIONS.values():
+        rows_of_data: Callable[[dict], List[str]] = rows_of
+        rows = rows_of_data(data)
+        if rows:
+            tables.append("\n".join(header + rows))
+    return "\n\n".join(tables)

@@ -10,13 +10,15 @@ import datetime
 import hashlib
 import os
 import signal
-from typing import Callable
+import threading
+from typing import Callable, List
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from benchmarks.recovery.events import error_path, Events
+from benchmarks.recovery.socket_abort import SocketAbort
 from benchmarks.resume_after_membership_change import (
     LanguageModel,
     SEQUENCE,
@@ -25,6 +27,9 @@ from benchmarks.resume_after_membership_change import (
 )
 
 BATCH = 4
+# The threads of this process that talk to the store (Heartbeat, SocketAbort), stopped
+# before it exits.
+STOPPED_AT_EXIT: List = []
 
 
 def batch(step: int, slot: int):
@@ -48,6 +53,39 @@ def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
     return h.hexdigest()[:16]
 
 
+class Heartbeat:
+    """Adds 1 to the store's ``beats/SLOT`` every ``period_s``, from a thread and a store
+    client of its own: the store-based membership's detector takes a member whose count stops
+    as lost. A process stopped by SIGSTOP stops beating with it.
+    """
+
+    def __init__(self, args, period_s: float):
+        self.store = dist.TCPStore(
+            args.host,
+            args.port,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=args.timeout),
+        )
+        self.key, self.period_s = f"beats/{args.slot}", period_s
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.beat, name="heartbeat")
+        self.thread.start()
+
+    def beat(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.store.add(self.key, 1)
+            except RuntimeError:
+                return  # the store is gone: the run is over
+            self.stopped.wait(self.period_s)
+
+    def stop(self) -> None:
+        """Returns once the thread has ended: one inside a store call while the interpreter
+        finalizes aborts the process."""
+        self.stopped.set()
+        self.thread.join()
+
+
 class Process:
     """What every process of the benchmark has: its event log, the driver's store, and the
     model (seeded alike in every process), Adam and the loss."""
@@ -68,6 +106,18 @@ class Process:
         self.model = LanguageModel(SIZES[args.size])
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
         self.loss_fn = nn.CrossEntropyLoss()
+        if args.heartbeat_period:
+            STOPPED_AT_EXIT.append(Heartbeat(args, args.heartbeat_period))
+        if args.abort_by_socket_shutdown:
+            # After the store's clients: the sockets it may shut down are the ones after it.
+            STOPPED_AT_EXIT.append(
+                SocketAbort(
+                    args.host,
+                    args.port,
+                    args.timeout,
+                    lambda count: self.events.log("aborted", sockets=count),
+                )
+            )
 
     def compiled(self, ddp: nn.Module) -> nn.Module:
         return torch.compile(ddp) if self.args.compile == "inductor" else ddp
@@ -81,8 +131,9 @@ class Process:
 
     def backward(self, net: nn.Module, step: int) -> None:
         """Runs the forward and backward pass of ``step``; where it is the kill's, and the kill
-        comes in the backward pass, the process dies in it."""
-        if self.args.kill_step == step and self.args.kill_in == "backward":
+        comes in the backward pass (or the process hangs there), the process dies in it.
+        """
+        if self.args.kill_step == step and self.args.kill_in in ("backward", "hang"):
             # The embedding's gradient comes last, after the other buckets' allreduces started.
             self.model.embed.weight.register_hook(lambda grad: self.die(step))
         inputs, targets = batch(step, self.slot)
@@ -103,8 +154,12 @@ class Process:
         )
 
     def die(self, step: int) -> None:
-        self.events.log("kill", step=step)
-        os.kill(os.getpid(), signal.SIGKILL)
+        """Ends this process with SIGKILL, or where the fault is a hang, stops it (SIGSTOP): it
+        then holds its connections open, and the driver kills it once the run is past it.
+        """
+        hang = self.args.kill_in == "hang"
+        self.events.log("kill", step=step, how="hang" if hang else "kill")
+        os.kill(os.getpid(), signal.SIGSTOP if hang else signal.SIGKILL)
 
     def finish(self, step: int, graphs_after_warmup: int) -> None:
         """Logs the state at the end, and saves the parameters, for the comparison with the reference."""
@@ -140,6 +195,24 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--first-generation", type=int)
     parser.add_argument("--checkpoint", help="path restart's checkpoint file")
     parser.add_argument("--collective-timeout", type=float, default=10.0)
+    parser.add_argument(
+        "--heartbeat-period",
+        type=float,
+        default=0.0,
+        help="seconds between heartbeats into the store; 0: none",
+    )
+    parser.add_argument(
+        "--abort-by-socket-shutdown",
+        action="store_true",
+        help="shut down the group's sockets once the store key abort is set (a stand-in for "
+        "a Gloo abort, not the recipe)",
+    )
+    parser.add_argument(
+        "--hold-before-kill-step",
+        action="store_true",
+        help="a survivor waits for the store key hold/released before the step of the kill "
+        "(a test's way to have the loss known between steps)",
+    )
     parser.add_argument("--lighthouse", help="torchft's lighthouse address")
     parser.add_argument(
         "--restarted",
@@ -160,3 +233,6 @@ def run(main: Callable[[argparse.Namespace], int]) -> int:
         with open(error_path(args.events, os.getpid()), "w") as f:
             f.write(f"{type(e).__name__}: {next(iter(str(e).splitlines()), '')}")
         raise
+    finally:
+        for thread in STOPPED_AT_EXIT:
+            thread.stop()

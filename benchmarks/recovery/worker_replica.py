@@ -5,11 +5,12 @@ import datetime
 import json
 import os
 import sys
+import time
 from typing import List
 
 import torch
 import torch.distributed as dist
-from examples.elastic_ddp import reconfigure, SOLO_UUID
+from examples.elastic_ddp import reconfigure, release_failed_group, SOLO_UUID
 from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.recovery import worker
@@ -78,51 +79,80 @@ class Replica(worker.Process):
                     self.events.log("left", step=self.step)
                     return 0
                 self.enter(plan, generation)
-            switch_key, admit_key = f"switch/{generation}", f"admit/{generation}"
-            chooses = plan["members"][0] == self.slot and not self.args.restarted
+            failure = None
             try:
-                while self.step < self.end:
-                    if chooses and self.store.check([admit_key]):
-                        # The next boundary: no member has passed it, since none can complete this
-                        # step before this process starts it, after the switch is set.
-                        self.store.set(switch_key, str(self.step + 1))
-                        chooses = False
-                    if self.store.check([switch_key]):
-                        switch_at = int(self.store.get(switch_key))
-                        if switch_at < self.step:
-                            raise SystemExit(
-                                f"slot {self.slot} saw the switch at step {switch_at} at {self.step}"
-                            )
-                        if switch_at == self.step:
-                            break
-                    self.die_if_due(self.step)
-                    reset_peak_rss()
-                    self.events.log("attempt", step=self.step)
-                    self.train_step(self.net, self.step)
-                    self.step += 1
-                    # Before the checkpoint: a step completed and not saved is done again, which
-                    # the analysis counts as discarded; one saved and not logged would count so too.
-                    self.events.log(
-                        "step",
-                        step=self.step - 1,
-                        generation=generation,
-                        rss_mb=peak_rss_mb(),
-                    )
-                    if self.args.path == "restart" and plan["members"][0] == self.slot:
-                        self.checkpoint()
-                else:
-                    break
+                ended = self.train_generation(plan, generation)
             except RuntimeError as e:
-                # A collective failed: the lost replica's peer closed its connections.
-                self.events.log(
-                    "failed", step=self.step, error=str(e).splitlines()[0][:200]
-                )
+                # A collective failed: the lost replica's peer closed its connections, or the
+                # group's timeout ended it.
+                failure = str(e).splitlines()[0][:200]
+            if failure is not None or ended == "lost":
+                # Out of the except clause: nothing holds the failed step's Work any more.
+                if failure is None:
+                    self.events.log("skipped", step=self.step)
+                else:
+                    self.events.log("failed", step=self.step, error=failure)
+                if self.args.path != "restart":
+                    release_failed_group(
+                        self.ddp, self.slot, generation, self.args.path == "reconfigure"
+                    )
+                    self.events.log("released", step=self.step)
                 self.optimizer.zero_grad(set_to_none=True)
+            elif ended == "end":
+                break
             generation += 1
             plan = None
         self.finish(self.step, compiled_graphs() - graphs)
         dist.destroy_process_group()
         return 0
+
+    def train_generation(self, plan: dict, generation: int) -> str:
+        """Trains with the members of ``plan`` until the run's end ("end"), the switch to the
+        next generation ("switch"), or a loss that the membership key already names before a
+        step ("lost"). Raises the RuntimeError of a failed collective."""
+        switch_key, admit_key = f"switch/{generation}", f"admit/{generation}"
+        lost_key = f"lost/{generation}"
+        chooses = plan["members"][0] == self.slot and not self.args.restarted
+        while self.step < self.end:
+            if chooses and self.store.check([admit_key]):
+                # The next boundary: no member has passed it, since none can complete this
+                # step before this process starts it, after the switch is set.
+                self.store.set(switch_key, str(self.step + 1))
+                chooses = False
+            if self.store.check([switch_key]):
+                switch_at = int(self.store.get(switch_key))
+                if switch_at < self.step:
+                    raise SystemExit(
+                        f"slot {self.slot} saw the switch at step {switch_at} at {self.step}"
+                    )
+                if switch_at == self.step:
+                    return "switch"
+            self.die_if_due(self.step)
+            if self.args.hold_before_kill_step and self.step == self.args.kill_step:
+                self.store.wait(["hold/released"])
+            # A loss already known between steps: no attempt that would fail.
+            start = time.perf_counter()
+            lost = self.store.check([lost_key])
+            self.events.log(
+                "membership_checked", step=self.step, s=time.perf_counter() - start
+            )
+            if lost:
+                return "lost"
+            reset_peak_rss()
+            self.events.log("attempt", step=self.step)
+            self.train_step(self.net, self.step)
+            self.step += 1
+            # Before the checkpoint: a step completed and not saved is done again, which
+            # the analysis counts as discarded; one saved and not logged would count so too.
+            self.events.log(
+                "step",
+                step=self.step - 1,
+                generation=generation,
+                rss_mb=peak_rss_mb(),
+            )
+            if self.args.path == "restart" and plan["members"][0] == self.slot:
+                self.checkpoint()
+        return "end"
 
     def init_solo_group(self) -> None:
         timeout = datetime.timedelta(seconds=self.args.collective_timeout)
@@ -172,8 +202,10 @@ class Replica(worker.Process):
         else:
             self.init_group(plan, generation)
         src = plan["members"].index(plan["src"])
+        # Survivors alone hold the same state: a shrink needs no broadcast of the module.
+        sync = bool(plan["joiners"])
         self.ddp._update_process_group(
-            dist.group.WORLD, sync_module_states=True, src=src
+            dist.group.WORLD, sync_module_states=sync, src=src
         )
         if plan["joiners"]:
             state = [self.optimizer.state_dict()]
@@ -183,7 +215,11 @@ class Replica(worker.Process):
             self.step = int(self.store.get(f"switch/{generation - 1}"))
             self.end = self.step + plan["steps_after_join"]
         self.events.log(
-            "entered", generation=generation, members=plan["members"], step=self.step
+            "entered",
+            generation=generation,
+            members=plan["members"],
+            step=self.step,
+            synced=sync,
         )
 
 

@@ -1,6 +1,9 @@
-"""A process of path torchft: ``python -m benchmarks.recovery.worker_torchft``, on stock torch.
+"""A process of paths torchft and torchft_nightly: ``python -m benchmarks.recovery.worker_torchft``,
+on stock torch.
 
-A replica group of one process, as in torchft's examples.
+A replica group of one process, as in torchft's examples. torchft 0.2.0 runs on its own
+reconfigurable Gloo group; torchft-nightly on a native Gloo group made with
+enable_reconfigure=True, which its Manager reconfigures in place (torchft#358).
 """
 
 import datetime
@@ -38,10 +41,24 @@ def main(args) -> int:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
 
+    collective_timeout = datetime.timedelta(seconds=args.collective_timeout)
+    if args.path == "torchft_nightly":
+        # Unconnected until the Manager's first quorum reconfigures it. Its reconfigure handle
+        # is its rank (gloo:RANK:...), which must be unique among the replicas; the peers
+        # meet through the group's store, so the driver's.
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore("torchft_nightly_pg", store),
+            rank=args.slot,
+            world_size=args.slot + 1,
+            timeout=collective_timeout,
+            enable_reconfigure=True,
+        )
+        group = dist.group.WORLD
+    else:
+        group = FtProcessGroupGloo(timeout=collective_timeout)
     manager = Manager(
-        pg=FtProcessGroupGloo(
-            timeout=datetime.timedelta(seconds=args.collective_timeout)
-        ),
+        pg=group,
         min_replica_size=args.world - 1,
         load_state_dict=load_state_dict,
         state_dict=lambda: {
@@ -95,6 +112,7 @@ def main(args) -> int:
             # torchft 0.2.0: where the allreduce in its comm hook fails, the manager records the
             # error, and then the hook's `assert fut._fut` fails (torchft/ddp.py), out of the
             # backward pass. Caught here, the step is not committed, as torchft intends.
+            # torchft-nightly's hook returns the bucket unchanged instead.
             events.log("backward_raised", step=step, error=f"AssertionError: {e}")
         if manager.should_commit():
             optimizer.step()
@@ -110,6 +128,8 @@ def main(args) -> int:
             events.log("failed", step=step)
     process.finish(manager.current_step(), compiled_graphs() - (warm or 0))
     manager.shutdown(wait=False)
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 

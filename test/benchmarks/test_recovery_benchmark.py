@@ -1,8 +1,12 @@
 """python -m benchmarks.recovery on a tiny model, 2 ranks: what it reports, not how fast.
 
-Every path runs with each kill (inside the backward pass, between steps) and its new process,
-and is compared with path a replaying its schedule; the steady-step comparison and the call against its collectives run once. The
-timings are the benchmark's to report; these check what does not depend on the machine.
+Every path but torchft-nightly runs with each kill (inside the backward pass, between steps)
+and its new process, once, and is compared with path new_group replaying its schedule; the
+steady-step comparison and the call against its collectives run once. Two more invocations
+run reconfigure alone: a hung replica, which the heartbeats detect; and a kill between steps
+whose loss is published before the survivors start the next step. The timings are the
+benchmark's to report; these check what does not depend on the machine, and bounds far from
+what was measured.
 """
 
 import importlib.util
@@ -17,8 +21,9 @@ import torch.distributed as dist
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from benchmarks.recovery.cells import CALL_MODES, GOALS, KILL_IN  # noqa: E402
-from benchmarks.recovery.report import markdown, table  # noqa: E402
+from benchmarks.recovery.cells import CALL_MODES, GOALS  # noqa: E402
+from benchmarks.recovery.driver import TORCHFT_NIGHTLY_VENV  # noqa: E402
+from benchmarks.recovery.report import markdown  # noqa: E402
 
 # What the runs need; the arithmetic of the verdicts needs neither.
 MISSING = (
@@ -29,10 +34,13 @@ MISSING = (
     else None
 )
 runs = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+KILLS = ("backward", "between_steps")
+PATHS = ("reconfigure", "new_group", "torchft", "restart")
+COLLECTIVE_TIMEOUT_S = 10.0
 
 
-def run_benchmark(out: pathlib.Path) -> str:
-    """Its stdout, on 2 ranks, a tiny model, no torch.compile, with short steady and call parts."""
+def run_benchmark(out: pathlib.Path, *options: str) -> str:
+    """Returns its stdout, on 2 ranks, a tiny model, no torch.compile, one run a cell."""
     result = subprocess.run(
         [
             sys.executable,
@@ -44,16 +52,13 @@ def run_benchmark(out: pathlib.Path) -> str:
             "tiny",
             "--compile",
             "none",
-            "--steady-repeats",
-            "2",
-            "--steady-steps",
-            "3",
-            "--call-repeats",
-            "2",
+            "--runs",
+            "1",
             "--timeout",
             "30",
             "--out",
             str(out),
+            *options,
         ],
         capture_output=True,
         text=True,
@@ -64,19 +69,43 @@ def run_benchmark(out: pathlib.Path) -> str:
     return result.stdout
 
 
+# With short steady and call parts, and no instruction count (valgrind takes minutes).
+MAIN_OPTIONS = (
+    "--paths",
+    *PATHS,
+    "--kill-in",
+    *KILLS,
+    "--steady-repeats",
+    "2",
+    "--steady-steps",
+    "3",
+    "--call-repeats",
+    "2",
+    "--collective-timeout",
+    str(COLLECTIVE_TIMEOUT_S),
+    "--skip",
+    "instructions",
+)
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("benchmark")
-    stdout = run_benchmark(out)
+    stdout = run_benchmark(out, *MAIN_OPTIONS)
     return stdout, json.loads((out / "recovery_after_lost_rank.json").read_text()), out
 
 
+def only_run(data: dict, key: str) -> dict:
+    (run,) = data["cells"][key]["runs"]
+    return run
+
+
 @runs
-@pytest.mark.parametrize("kill_in", KILL_IN)
+@pytest.mark.parametrize("kill_in", KILLS)
 @pytest.mark.parametrize("path", ["reconfigure", "new_group", "restart"])
 def test_a_path_that_recovers(report, path, kill_in):
     _, data, _ = report
-    cell = data["cells"][f"w2-tiny-none-{kill_in}-{path}"]
+    cell = only_run(data, f"w2-tiny-none-{kill_in}-local_agent-{path}")
     assert (
         cell["kill_to_survivors_step_s"] > 0 and cell["new_process_to_first_step_s"] > 0
     )
@@ -87,17 +116,32 @@ def test_a_path_that_recovers(report, path, kill_in):
         and cell["lost_updates"] == 0
     )
     assert cell["joined_at"] > cell["left_at"] and cell["end"] == cell["joined_at"] + 5
-    # The survivor's attempt at the step of the kill is done again (between steps too: it
-    # starts the step with the lost replica in its group); in restart, the restart on the join also
-    # discards the step the survivor was in, if it was in one when killed.
-    assert cell["discarded_attempts"] in ((1, 2) if path == "restart" else (1,))
+    # The survivor's attempt at the step of the kill is done again. Between steps, it may
+    # find the loss published before it starts the step, and then makes no attempt. In
+    # restart, the restart on the join also discards the step the survivor was in, if it was
+    # in one when killed.
+    discarded = {
+        "restart": (1, 2),
+        "backward": (1,),
+        "between_steps": (0, 1),
+    }["restart" if path == "restart" else kill_in]
+    assert cell["discarded_attempts"] in discarded
     assert cell["short_steps"] == 0
-    # The reference replays path new_group, so it shares its mistakes; the replicas, each other's not.
+    # The reference replays path new_group, so it shares its mistakes; the replicas, each
+    # other's not.
     assert cell["replicas_identical"]
     # Two ranks add their gradients in one order, whatever the buckets: bit for bit.
     assert cell["bitwise_equal_to_reference"] and cell["max_abs_diff"] == 0.0
     assert cell["graphs_after_warmup"] == 0  # no torch.compile here
     assert cell["recovery_rss_over_steady"] > 0
+    if path != "restart":
+        # The survivor failed at once, released the group, and shrank without broadcasting
+        # the module, which it holds as every survivor does.
+        if cell["discarded_attempts"]:
+            assert cell["kill_to_last_failure_s"] < 1.0
+        assert cell["shrink_synced_module"] is False
+        # A store round trip before each step: far below a millisecond here.
+        assert cell["membership_check_s"] < 1e-3
 
 
 @runs
@@ -106,10 +150,8 @@ def test_torchft_killed_in_the_backward_pass(report):
     # survivors' allreduce in torchft's comm hook, which then fails an assertion; and the
     # reducer, left in the middle of that pass, fails its next forward pass.
     _, data, _ = report
-    assert (
-        "INTERNAL ASSERT FAILED"
-        in data["cells"]["w2-tiny-none-backward-torchft"]["error"]
-    )
+    run = only_run(data, "w2-tiny-none-backward-lighthouse-torchft")
+    assert "INTERNAL ASSERT FAILED" in run["error"]
 
 
 @runs
@@ -117,7 +159,7 @@ def test_torchft_killed_between_steps(report):
     # The survivor's next quorum waits for the lost replica's heartbeat to expire, and leaves
     # it out: no attempt fails. The new process heals from the survivor in its first quorum.
     _, data, _ = report
-    cell = data["cells"]["w2-tiny-none-between_steps-torchft"]
+    cell = only_run(data, "w2-tiny-none-between_steps-lighthouse-torchft")
     assert (
         cell["kill_to_survivors_step_s"] > 0 and cell["new_process_to_first_step_s"] > 0
     )
@@ -161,10 +203,101 @@ def test_steady_and_call(report):
         assert mode["met"] == (
             mode["call_over_collectives"] <= GOALS["call_over_collectives"]
         )
-    assert table(data) in stdout
+    assert markdown(data) in stdout
     assert (out / "recovery_after_lost_rank.png").read_bytes()[
         :8
     ] == b"\x89PNG\r\n\x1a\n"
+
+
+@runs
+def test_a_second_run_keeps_what_the_first_measured(report):
+    # What goes on after an interruption: each measurement already in the file is kept.
+    _, data, out = report
+    stdout = run_benchmark(out, *MAIN_OPTIONS)
+    assert json.loads((out / "recovery_after_lost_rank.json").read_text()) == data
+    kept = [line for line in stdout.splitlines() if "kept" in line]
+    assert (
+        len(kept)
+        == len(data["cells"]) + len(data["steady"]) + len(data["call"])
+        == len(KILLS) * len(PATHS) + 1 + 1
+    )
+
+
+@runs
+def test_markdown_has_a_row_per_measurement(report):
+    _, data, _ = report
+    rows = [
+        line
+        for line in markdown(data).splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
+    # The recovery table, the goals (a row per fault), the steady step, the call.
+    headers = 4
+    assert len(rows) == headers + len(data["cells"]) + len(KILLS) + len(
+        data["steady"]
+    ) + 2 * len(data["call"])
+    assert (
+        "| 2 | tiny | none | killed between steps | lighthouse | torchft | 1 | "
+        in markdown(data)
+    )
+
+
+@runs
+def test_a_hung_replica_costs_the_collective_timeout(tmp_path):
+    # Stopped in its backward pass, the replica closes no connection: the heartbeats find it
+    # lost after their timeout (1 s), and the survivor's collective ends at the group's
+    # timeout, as nothing aborts a Gloo collective in torch 2.14.1.
+    timeout_s = 3.0
+    run_benchmark(
+        tmp_path,
+        *("--paths", "reconfigure", "--kill-in", "hang"),
+        *("--collective-timeout", str(timeout_s), "--skip", "steady", "call"),
+        "instructions",
+    )
+    data = json.loads((tmp_path / "recovery_after_lost_rank.json").read_text())
+    cell = only_run(data, "w2-tiny-none-hang-heartbeat-reconfigure")
+    heartbeat_timeout_s = data["heartbeat"]["timeout_s"]
+    assert heartbeat_timeout_s - 0.2 < cell["kill_to_detection_s"] < timeout_s
+    assert timeout_s - 0.5 < cell["kill_to_last_failure_s"]
+    assert cell["kill_to_survivors_step_s"] < timeout_s + 5
+    assert cell["lost_updates"] == 0 and cell["bitwise_equal_to_reference"]
+
+
+@runs
+def test_a_loss_known_before_the_step_costs_no_attempt(tmp_path):
+    # The survivor waits before the kill's step until the driver has published the loss: it
+    # finds the membership key and goes on without the lost replica, with nothing to discard.
+    # Without the check it would start the step, fail and discard it.
+    run_benchmark(
+        tmp_path,
+        *("--paths", "reconfigure", "--kill-in", "between_steps"),
+        *("--hold-survivors-at-the-kill", "--skip", "steady", "call", "instructions"),
+    )
+    data = json.loads((tmp_path / "recovery_after_lost_rank.json").read_text())
+    cell = only_run(data, "w2-tiny-none-between_steps-local_agent-reconfigure")
+    assert cell["discarded_attempts"] == 0 and cell["lost_updates"] == 0
+    assert cell["kill_to_last_failure_s"] is None  # no step failed
+    assert cell["bitwise_equal_to_reference"]
+
+
+@pytest.mark.skipif(
+    not (TORCHFT_NIGHTLY_VENV / "bin" / "python").exists(),
+    reason=f"torchft-nightly: needs {TORCHFT_NIGHTLY_VENV.name} (scripts/benchmark "
+    "--torchft-nightly)",
+)
+@runs
+def test_torchft_nightly_survives_a_kill_in_the_backward_pass(tmp_path):
+    # Its comm hook gives DDP the bucket unchanged where the allreduce failed, and the step
+    # is not committed: the survivor goes on.
+    run_benchmark(
+        tmp_path,
+        *("--paths", "torchft_nightly", "--kill-in", "backward"),
+        *("--skip", "steady", "call", "instructions"),
+    )
+    data = json.loads((tmp_path / "recovery_after_lost_rank.json").read_text())
+    cell = only_run(data, "w2-tiny-none-backward-lighthouse-torchft_nightly")
+    assert "error" not in cell, cell.get("error")
+    assert cell["lost_updates"] == 0 and cell["bitwise_equal_to_reference"]
 
 
 def test_a_process_records_the_error_that_ends_it(tmp_path):
@@ -200,32 +333,3 @@ def test_a_process_records_the_error_that_ends_it(tmp_path):
     assert (
         len(recorded) == 1 and "Error" in recorded[0].read_text().split(":")[0]
     ), result.stderr[-2000:]
-
-
-@runs
-def test_a_second_run_keeps_what_the_first_measured(report):
-    # What goes on after an interruption: each measurement already in the file is kept.
-    _, data, out = report
-    stdout = run_benchmark(out)
-    assert json.loads((out / "recovery_after_lost_rank.json").read_text()) == data
-    kept = [line for line in stdout.splitlines() if "kept from the run of" in line]
-    assert (
-        len(kept)
-        == len(data["cells"]) + len(data["steady"]) + len(data["call"])
-        == 2 * 4 + 1 + 1
-    )
-
-
-@runs
-def test_markdown_has_a_row_per_measurement(report):
-    _, data, _ = report
-    rows = [
-        line
-        for line in markdown(data).splitlines()
-        if line.startswith("| ") and "---" not in line
-    ]
-    headers = 3
-    assert len(rows) == headers + len(data["cells"]) + len(data["steady"]) + 2 * len(
-        data["call"]
-    )
-    assert "| 2 | tiny | none | between steps | torchft | " in markdown(data)

@@ -15,6 +15,7 @@ from benchmarks.recovery import (  # noqa: E402
     results,
 )
 from benchmarks.recovery.events import error_path  # noqa: E402
+from benchmarks.recovery.membership import HeartbeatDetector  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / results.FILE_NAME
 
@@ -127,8 +128,9 @@ def test_the_committed_results_are_the_tables_of_the_docs():
         assert set(docs[start:end]) <= set(rows), header
 
 
-def test_a_file_of_the_old_path_names_reads_with_the_names_of_now(tmp_path):
-    # Before the package, the paths were a_reconfigure, a, torchft and c.
+def test_a_file_of_before_issue_32_reads_in_the_form_of_now(tmp_path):
+    # Before the package, the paths were a_reconfigure, a, torchft and c; before issue 32, a
+    # cell was one run, and its key named no detection: the local agent's, torchft's own.
     old = tmp_path / results.FILE_NAME
     cell = {"kill_to_survivors_step_s": 0.1}
     old.write_text(
@@ -144,7 +146,80 @@ def test_a_file_of_the_old_path_names_reads_with_the_names_of_now(tmp_path):
     )
     data = results.load(old)
     assert list(data["cells"]) == [
-        f"w2-1M-none-backward-{path}"
-        for path in ("reconfigure", "new_group", "torchft", "restart")
+        "w2-1M-none-backward-local_agent-reconfigure",
+        "w2-1M-none-backward-local_agent-new_group",
+        "w2-1M-none-backward-lighthouse-torchft",
+        "w2-1M-none-backward-local_agent-restart",
     ]
-    assert data["call"] == {}
+    assert data["cells"]["w2-1M-none-backward-lighthouse-torchft"] == {
+        "runs": [{**cell, "version": 1}]
+    }
+    assert data["call"] == data["instructions"] == {}
+    # Their recovery changed since: the tables leave those runs out; torchft's stay.
+    assert (
+        results.current_runs(data, "w2-1M-none-backward-local_agent-reconfigure") == []
+    )
+    assert (
+        len(results.current_runs(data, "w2-1M-none-backward-lighthouse-torchft")) == 1
+    )
+
+
+class CountingStore:
+    """A store's add() on counts the test sets."""
+
+    def __init__(self):
+        self.counts = {}
+
+    def add(self, key, amount):
+        self.counts[key] = self.counts.get(key, 0) + amount
+        return self.counts[key]
+
+
+def test_the_heartbeat_detector_takes_a_silent_member_as_lost():
+    # Times in eighths of a second, exact in binary.
+    store, now = CountingStore(), [0.0]
+    detector = HeartbeatDetector(
+        store, [0, 1, 2], period_s=0.125, timeout_s=1.0, clock=lambda: now[0]
+    )
+    for tick in range(24):  # 3 s: slot 1 beats until 0.875 s, slot 2 never beats
+        now[0] = tick * 0.125
+        store.add("beats/0", 1)
+        if now[0] <= 0.875:
+            store.add("beats/1", 1)
+        # Slot 1's count last changed at 0.875 s: lost once more than 1 s has passed since.
+        # Slot 2 is not watched before its first beat.
+        assert detector.lost() == ([1] if now[0] > 1.875 else []), now[0]
+
+
+def test_the_goals_compare_reconfigure_with_each_torchft_that_completes():
+    def run(recovery, **fields):
+        return {
+            "version": 2,
+            "kill_to_survivors_step_s": recovery,
+            "lost_updates": 0,
+            "bitwise_equal_to_reference": True,
+            **fields,
+        }
+
+    data = {
+        "cells": {
+            "w4-1M-none-backward-local_agent-reconfigure": {
+                "runs": [run(0.2), run(0.3), run(0.25)]
+            },
+            "w4-1M-none-backward-lighthouse-torchft": {
+                "runs": [{"version": 1, "error": "RunFailed: x"}]
+            },
+            "w4-1M-none-backward-lighthouse-torchft_nightly": {
+                "runs": [
+                    {**run(1.1), "version": 1},
+                    {**run(1.0), "version": 1},
+                    {**run(1.2), "version": 1},
+                ]
+            },
+        }
+    }
+    (row,) = report.goal_rows(data)
+    assert row == (
+        "| 4 | 1M | none | killed in backward | local agent | 0.25 (0.20 to 0.30) "
+        "| did not complete (0 of 1 runs did) | 1.10 (1.00 to 1.20) | yes | yes | yes |"
+    )
