@@ -150,10 +150,17 @@ def parse_arguments() -> argparse.Namespace:
         "--detection",
         nargs="+",
         default=["local_agent"],
-        choices=["local_agent", "heartbeat", "heartbeat_socket_shutdown"],
+        choices=[
+            "local_agent",
+            "heartbeat",
+            "heartbeat_fence",
+            "heartbeat_socket_shutdown",
+        ],
         help="who detects a kill in reconfigure, new_group and restart: the local agent (the "
         "exit status) or the store-based membership (heartbeats); a hang uses the heartbeats "
-        "where the local agent is chosen; torchft its lighthouse. heartbeat_socket_shutdown: "
+        "where the local agent is chosen; torchft its lighthouse. heartbeat_fence: the "
+        "heartbeats, then the lost process is killed, as its host's agent would on the "
+        "detector's word. heartbeat_socket_shutdown: "
         "the heartbeats, then each survivor shuts down its group's sockets by hand, a stand-in "
         "for a Gloo abort (not the recipe; it measures what a real abort would give)",
     )

@@ -28,11 +28,19 @@ PATH_VERSIONS = {
 KILL_IN = ("backward", "between_steps", "hang")
 # Who finds the loss: the agent on the lost process's host, which sees its exit status
 # (local_agent); a store-based membership with heartbeats (heartbeat), which also finds a hung
-# process or a lost host; the same, and then each survivor shuts down its group's sockets by
-# hand, a stand-in for a Gloo abort and not the recipe (heartbeat_socket_shutdown); torchft's
+# process or a lost host; the same, and then the lost process is killed, as an agent on its
+# host would on the detector's word, which closes its connections where the host is reachable
+# (heartbeat_fence); the same, and then each survivor shuts down its group's sockets by hand,
+# a stand-in for a Gloo abort and not the recipe (heartbeat_socket_shutdown); torchft's
 # lighthouse, torchft's own heartbeats.
-DETECTIONS = ("local_agent", "heartbeat", "heartbeat_socket_shutdown", "lighthouse")
-HEARTBEAT_DETECTIONS = ("heartbeat", "heartbeat_socket_shutdown")
+DETECTIONS = (
+    "local_agent",
+    "heartbeat",
+    "heartbeat_fence",
+    "heartbeat_socket_shutdown",
+    "lighthouse",
+)
+HEARTBEAT_DETECTIONS = ("heartbeat", "heartbeat_fence", "heartbeat_socket_shutdown")
 # _update_process_group(sync_module_states=False), then True.
 CALL_MODES = ("no_sync", "sync")
 GOALS = {

@@ -359,6 +359,8 @@ class Driver:
             self.store.set(f"lost/{FIRST}", json.dumps(lost))
         if self.cell.detection == "heartbeat_socket_shutdown":
             self.store.set("abort", "1")
+        if self.cell.detection == "heartbeat_fence":
+            self.kill_hung_victim(first)
         if self.args.hold_survivors_at_the_kill:
             self.store.set("hold/released", "1")
         self.wait(

@@ -16,6 +16,7 @@ FAULTS = {
 DETECTION_NAMES = {
     "local_agent": "local agent",
     "heartbeat": "heartbeats",
+    "heartbeat_fence": "heartbeats, then the lost process killed",
     "heartbeat_socket_shutdown": "heartbeats, then sockets shut down (not the recipe)",
     "lighthouse": "lighthouse",
 }
