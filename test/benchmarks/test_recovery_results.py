@@ -1,16 +1,21 @@
 """The recovery benchmark's analysis and results file, without running it: the arithmetic of
-the verdicts, the counts of a made-up run, the errors a run reports, and the committed results
-as docs/benchmark.md shows them."""
+the verdicts, the counts of a made-up run, the errors a run reports, the instruction count's
+dump and client requests, and the committed results as docs/benchmark.md shows them."""
 
+import ctypes
 import json
 import pathlib
+import shutil
 import sys
+
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from benchmarks.recovery import (  # noqa: E402
     analysis,
     driver as driver_module,
+    instructions,
     report,
     results,
 )
@@ -223,3 +228,31 @@ def test_the_goals_compare_reconfigure_with_each_torchft_that_completes():
         "| 4 | 1M | none | killed in backward | local agent | 0.25 (0.20 to 0.30) "
         "| did not complete (0 of 1 runs did) | 1.10 (1.00 to 1.20) | yes | yes | yes |"
     )
+
+
+def test_the_instruction_count_is_the_totals_line_of_the_steps_dump(tmp_path):
+    # A callgrind dump as --callgrind-out-file writes it at CALLGRIND_DUMP_STATS_AT("steps"):
+    # the count is its totals line; a dump without one fails the count instead of reading 0.
+    dump = tmp_path / "callgrind.out.123.1"
+    dump.write_text(
+        "version: 1\ncreator: callgrind-3.19.0\ncmd: python\npart: 1\n"
+        "desc: Trigger: Client Request: steps\nevents: Ir\n"
+        "fn=(1) main\n0 5\nsummary: 134069876\ntotals: 134069876\n"
+    )
+    assert instructions.steps_instructions(dump) == 134069876
+    dump.write_text("version: 1\nevents: Ir\n")
+    with pytest.raises(instructions.CountFailed, match="has no totals"):
+        instructions.steps_instructions(dump)
+
+
+@pytest.mark.skipif(
+    shutil.which("valgrind") is None or shutil.which("gcc") is None,
+    reason="needs valgrind and gcc (apt-get install -y valgrind gcc)",
+)
+def test_the_client_requests_compile_into_a_library_with_both_calls(tmp_path):
+    library = instructions.build_helper(tmp_path)
+    helper = ctypes.CDLL(str(library))
+    assert helper.steps_begin and helper.steps_end
+    # Outside valgrind the client requests do nothing, so the worker's calls are safe.
+    helper.steps_begin()
+    helper.steps_end()
