@@ -6,8 +6,10 @@ life; each change of membership goes through DistributedDataParallel._update_pro
 
 - Shrink: a worker that is told to (--kill UID:STEP:PHASE) SIGKILLs itself in the forward
   pass, the backward pass or the optimizer step of that step. The others see their next
-  collective fail (Gloo reports the closed connection, or the group's timeout ends it), report
-  it in the store, and wait. The launcher takes the workers whose heartbeats are fresh as the
+  collective fail (Gloo reports the closed connection, or the group's timeout ends it),
+  release the failed group's connections at once (release_failed_group: a peer still blocked
+  in the same collective then fails too, instead of at the timeout), report it in the store,
+  and wait. The launcher takes the workers whose heartbeats are fresh as the
   survivors, and writes the next generation's plan into the store: its members, the member
   whose state everyone takes, and the step to go on from, the last step any survivor completed,
   plus one.
@@ -70,8 +72,10 @@ EXIT_STORE_GONE = 4
 HEARTBEAT_S = 0.5
 STORE_TIMEOUT_S = 30.0
 # With --reconfigure, the uuid of the reconfigure that gives worker UID a group of its own is
-# SOLO_UUID + UID; each generation's is its number.
+# SOLO_UUID + UID; each generation's is its number; the one that releases generation G's
+# group on worker UID after a failure is release_uuid(UID, G).
 SOLO_UUID = 1 << 30
+RELEASE_UUID = 1 << 40
 
 
 class TinyTransformer(nn.Module):
@@ -207,6 +211,35 @@ def reconfigure(
     dist._reconfigure(
         uuid=uuid, handles=handles, timeout=datetime.timedelta(seconds=timeout_s)
     ).wait()
+
+
+def release_uuid(uid: int, generation: int) -> int:
+    """Returns the uuid of the reconfigure that releases generation ``generation``'s group on
+    worker ``uid``: fresh, and unique to the worker and the generation."""
+    return RELEASE_UUID + (generation << 20) + uid
+
+
+def release_failed_group(ddp, uid: int, generation: int, in_place: bool) -> None:
+    """Closes the connections of the default group, whose step failed or was given up, at once.
+
+    In Gloo's ring only the lost rank's two neighbours see their connections close; a peer
+    blocked in the same collective learns of the loss when the connection it waits on closes,
+    or at the group's timeout. So every survivor closes its own at once, and they fail one ring
+    hop after another. In place (``in_place``, a group made with enable_reconfigure=True), it
+    reconfigures the group onto this process alone; else it moves DDP onto a group of this
+    process alone, which lets go of the old group, and destroys it. Call it outside the except
+    clause of the failure: nothing may reference the failed step's Work (the exception's
+    traceback does), as that keeps the old connections open.
+    """
+    if in_place:
+        dist._reconfigure(
+            uuid=release_uuid(uid, generation),
+            handles=[dist._get_reconfigure_handle()],
+        ).wait()
+    elif dist.is_initialized():  # else the failure came before the group was made
+        solo = dist.new_group([dist.get_rank()], use_local_synchronization=True)
+        ddp._update_process_group(solo)
+        dist.destroy_process_group()
 
 
 def wait_for_plan(store, uid: int, generation: int, deadline_s: float) -> Plan:
@@ -346,6 +379,7 @@ def train(args, store) -> int:
         rank, world_size = plan.members.index(uid), len(plan.members)
         src = plan.members.index(plan.src)
         step = plan.step
+        failure = None  # the first line of a failed collective's error
         try:
             if args.reconfigure:
                 reconfigure(store, uid, plan.members, plan.generation, args.timeout)
@@ -432,19 +466,25 @@ def train(args, store) -> int:
             # A collective failed: Gloo's error, the group's timeout, or wait_for_gpu().
             if "reconfigured in place" in str(e):
                 raise  # DDP's refusal: this loop forgot _update_process_group, a bug, not a fault
+            failure = str(e).splitlines()[0][:120]
+        if failure is not None:
+            # Here, out of the except clause, nothing holds the failed step's Work any more.
             print(
-                f"[worker {uid}] a collective of step {step} failed: {str(e).splitlines()[0][:120]}",
+                f"[worker {uid}] a collective of step {step} failed: {failure}",
                 flush=True,
             )
-            if args.backend == "nccl" and dist.is_initialized():
-                try:
-                    abort_nccl(dist.group.WORLD)
-                except Exception as abort_error:
-                    # The next generation's group is new anyway.
-                    print(
-                        f"[worker {uid}] aborting the old group failed: {abort_error}",
-                        flush=True,
-                    )
+            if args.backend == "nccl":
+                if dist.is_initialized():
+                    try:
+                        abort_nccl(dist.group.WORLD)
+                    except Exception as abort_error:
+                        # The next generation's group is new anyway.
+                        print(
+                            f"[worker {uid}] aborting the old group failed: {abort_error}",
+                            flush=True,
+                        )
+            else:
+                release_failed_group(ddp, uid, plan.generation, args.reconfigure)
             store_op(store.add, f"gen/{plan.generation}/failures", 1)
         generation = plan.generation + 1
 

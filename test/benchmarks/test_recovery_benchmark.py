@@ -1,8 +1,12 @@
-"""benchmarks/recovery_after_lost_rank.py on a tiny model, 2 ranks: what it reports, not how fast.
+"""python -m benchmarks.recovery on a tiny model, 2 ranks: what it reports, not how fast.
 
-Every path runs with each kill (inside the backward pass, between steps) and its new process,
-and is compared with path a replaying its schedule; the steady-step comparison and the call against its collectives run once. The
-timings are the benchmark's to report; these check what does not depend on the machine.
+Every path but torchft-nightly runs with each kill (inside the backward pass, between steps)
+and its new process, once, and is compared with path new_group replaying its schedule; the
+steady-step comparison and the call against its collectives run once. Two more invocations
+run reconfigure alone: a hung replica, which the heartbeats detect; and a kill between steps
+whose loss is published before the survivors start the next step. The timings are the
+benchmark's to report; these check what does not depend on the machine, and bounds far from
+what was measured.
 """
 
 import importlib.util
@@ -15,14 +19,11 @@ import sys
 import pytest
 import torch.distributed as dist
 
-BENCHMARK = (
-    pathlib.Path(__file__).resolve().parents[2]
-    / "benchmarks"
-    / "recovery_after_lost_rank.py"
-)
-spec = importlib.util.spec_from_file_location("recovery_after_lost_rank", BENCHMARK)
-benchmark = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(benchmark)
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from benchmarks.recovery.cells import CALL_MODES, GOALS  # noqa: E402
+from benchmarks.recovery.driver import TORCHFT_NIGHTLY_VENV  # noqa: E402
+from benchmarks.recovery.report import markdown  # noqa: E402
 
 # What the runs need; the arithmetic of the verdicts needs neither.
 MISSING = (
@@ -33,73 +34,114 @@ MISSING = (
     else None
 )
 runs = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+KILLS = ("backward", "between_steps")
+PATHS = ("reconfigure", "new_group", "torchft", "restart")
+COLLECTIVE_TIMEOUT_S = 10.0
 
 
-def run_benchmark(out: pathlib.Path) -> str:
-    """Its stdout, on 2 ranks, a tiny model, no torch.compile, with short steady and call parts."""
+def run_benchmark(out: pathlib.Path, *options: str) -> str:
+    """Returns its stdout, on 2 ranks, a tiny model, no torch.compile, one run a cell."""
     result = subprocess.run(
         [
             sys.executable,
-            str(BENCHMARK),
+            "-m",
+            "benchmarks.recovery",
             "--worlds",
             "2",
             "--sizes",
             "tiny",
             "--compile",
             "none",
-            "--steady-repeats",
-            "2",
-            "--steady-steps",
-            "3",
-            "--call-repeats",
-            "2",
+            "--runs",
+            "1",
             "--timeout",
             "30",
             "--out",
             str(out),
+            *options,
         ],
         capture_output=True,
         text=True,
         timeout=900,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
 
 
+# With short steady and call parts, and no instruction count (valgrind takes minutes).
+MAIN_OPTIONS = (
+    "--paths",
+    *PATHS,
+    "--kill-in",
+    *KILLS,
+    "--steady-repeats",
+    "2",
+    "--steady-steps",
+    "3",
+    "--call-repeats",
+    "2",
+    "--collective-timeout",
+    str(COLLECTIVE_TIMEOUT_S),
+    "--skip",
+    "instructions",
+)
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("benchmark")
-    stdout = run_benchmark(out)
+    stdout = run_benchmark(out, *MAIN_OPTIONS)
     return stdout, json.loads((out / "recovery_after_lost_rank.json").read_text()), out
 
 
+def only_run(data: dict, key: str) -> dict:
+    (run,) = data["cells"][key]["runs"]
+    return run
+
+
 @runs
-@pytest.mark.parametrize("kill_in", benchmark.KILL_IN)
-@pytest.mark.parametrize("path", ["a_reconfigure", "a", "c"])
+@pytest.mark.parametrize("kill_in", KILLS)
+@pytest.mark.parametrize("path", ["reconfigure", "new_group", "restart"])
 def test_a_path_that_recovers(report, path, kill_in):
     _, data, _ = report
-    cell = data["cells"][f"w2-tiny-none-{kill_in}-{path}"]
+    cell = only_run(data, f"w2-tiny-none-{kill_in}-local_agent-{path}")
     assert (
         cell["kill_to_survivors_step_s"] > 0 and cell["new_process_to_first_step_s"] > 0
     )
-    # c's restart goes back to the last checkpoint: the step before the kill's, where the kill
+    # restart goes back to the last checkpoint: the step before the kill's, where the kill
     # came while it was written.
     assert (
-        cell["left_at"] in ((4, 5) if path == "c" else (5,))
+        cell["left_at"] in ((4, 5) if path == "restart" else (5,))
         and cell["lost_updates"] == 0
     )
     assert cell["joined_at"] > cell["left_at"] and cell["end"] == cell["joined_at"] + 5
-    # The survivor's attempt at the step of the kill is done again (between steps too: it
-    # starts the step with the lost replica in its group); in c, the restart on the join also
-    # discards the step the survivor was in, if it was in one when killed.
-    assert cell["discarded_attempts"] in ((1, 2) if path == "c" else (1,))
+    # The survivor's attempt at the step of the kill is done again. Between steps, it may
+    # find the loss published before it starts the step, and then makes no attempt. In
+    # restart, the restart on the join also discards the step the survivor was in, if it was
+    # in one when killed.
+    discarded = {
+        "restart": (1, 2),
+        "backward": (1,),
+        "between_steps": (0, 1),
+    }["restart" if path == "restart" else kill_in]
+    assert cell["discarded_attempts"] in discarded
     assert cell["short_steps"] == 0
-    # The reference replays path a, so it shares a's mistakes; the replicas, each other's not.
+    # The reference replays path new_group, so it shares its mistakes; the replicas, each
+    # other's not.
     assert cell["replicas_identical"]
     # Two ranks add their gradients in one order, whatever the buckets: bit for bit.
     assert cell["bitwise_equal_to_reference"] and cell["max_abs_diff"] == 0.0
     assert cell["graphs_after_warmup"] == 0  # no torch.compile here
     assert cell["recovery_rss_over_steady"] > 0
+    if path != "restart":
+        # The survivor failed at once, released the group, and shrank without broadcasting
+        # the module, which it holds as every survivor does.
+        if cell["discarded_attempts"]:
+            assert cell["kill_to_last_failure_s"] < 1.0
+        assert cell["shrink_synced_module"] is False
+        # A store round trip before each step: far below a millisecond here.
+        assert cell["membership_check_s"] < 1e-3
 
 
 @runs
@@ -108,10 +150,8 @@ def test_torchft_killed_in_the_backward_pass(report):
     # survivors' allreduce in torchft's comm hook, which then fails an assertion; and the
     # reducer, left in the middle of that pass, fails its next forward pass.
     _, data, _ = report
-    assert (
-        "INTERNAL ASSERT FAILED"
-        in data["cells"]["w2-tiny-none-backward-torchft"]["error"]
-    )
+    run = only_run(data, "w2-tiny-none-backward-lighthouse-torchft")
+    assert "INTERNAL ASSERT FAILED" in run["error"]
 
 
 @runs
@@ -119,7 +159,7 @@ def test_torchft_killed_between_steps(report):
     # The survivor's next quorum waits for the lost replica's heartbeat to expire, and leaves
     # it out: no attempt fails. The new process heals from the survivor in its first quorum.
     _, data, _ = report
-    cell = data["cells"]["w2-tiny-none-between_steps-torchft"]
+    cell = only_run(data, "w2-tiny-none-between_steps-lighthouse-torchft")
     assert (
         cell["kill_to_survivors_step_s"] > 0 and cell["new_process_to_first_step_s"] > 0
     )
@@ -156,108 +196,108 @@ def test_steady_and_call(report):
     assert sorted(c["kind"] for c in call["sync"]["collectives"]) == sorted(
         [c["kind"] for c in call["no_sync"]["collectives"]] + ["broadcast"]
     )
-    for mode in (call[name] for name in benchmark.CALL_MODES):
+    for mode in (call[name] for name in CALL_MODES):
         assert mode["call_over_collectives"] == pytest.approx(
             mode["call_s"] / mode["collectives_s"]
         )
         assert mode["met"] == (
-            mode["call_over_collectives"] <= benchmark.GOALS["call_over_collectives"]
+            mode["call_over_collectives"] <= GOALS["call_over_collectives"]
         )
-    assert benchmark.table(data) in stdout
+    assert markdown(data) in stdout
     assert (out / "recovery_after_lost_rank.png").read_bytes()[
         :8
     ] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_interval_and_verdict():
-    mean, low, high = benchmark.interval([1.0, 1.0, 1.0])
-    assert (mean, low, high) == (1.0, 1.0, 1.0)
-    assert benchmark.verdict(0.99, 1.01, 1.02) == "met"
-    assert benchmark.verdict(1.03, 1.05, 1.02) == "not met"
-    assert benchmark.verdict(1.0, 1.05, 1.02) == "inconclusive"
-    assert benchmark.verdict(None, None, 1.02) == "inconclusive"
+@runs
+def test_a_second_run_keeps_what_the_first_measured(report):
+    # What goes on after an interruption: each measurement already in the file is kept.
+    _, data, out = report
+    stdout = run_benchmark(out, *MAIN_OPTIONS)
+    assert json.loads((out / "recovery_after_lost_rank.json").read_text()) == data
+    kept = [line for line in stdout.splitlines() if "kept" in line]
+    assert (
+        len(kept)
+        == len(data["cells"]) + len(data["steady"]) + len(data["call"])
+        == len(KILLS) * len(PATHS) + 1 + 1
+    )
 
 
-def test_a_step_short_of_a_member():
-    # 4 replicas; the last is killed at step 5 and its new process first steps at 8. The
-    # survivors' steps 5 to 7 average 3 of 3. At 8, slot 0 asks for the quorum too late and is
-    # left out (it heals past 8: the step is short, not lost); at 9, slot 3. At 10 every replica
-    # logs the step but torchft says it averaged 3: its count wins over the slots'.
-    events, t = [], 0
-
-    def pid(slot):
-        return 200 if slot == 3 and t > 100 else 100 + slot
-
-    def step(step, slots, participants):
-        nonlocal t
-        for slot in slots:
-            t += 1
-            events.append(
-                {
-                    "kind": "step",
-                    "t": t,
-                    "slot": slot,
-                    "pid": pid(slot),
-                    "step": step,
-                    "participants": participants,
-                    "rss_mb": 100.0,
-                }
-            )
-
-    for s in range(5):
-        step(s, range(4), 4)
-    t += 1
-    events.append({"kind": "kill", "t": t, "step": 5, "slot": 3})
-    for s in range(5, 8):
-        step(s, range(3), 3)
-    t = 101  # the new process
-    step(8, (1, 2, 3), 3)
-    step(9, range(3), 3)
-    step(10, range(4), 3)
-    events += [
-        {
-            "kind": "final",
-            "t": t + 1,
-            "slot": slot,
-            "pid": pid(slot),
-            "step": 11,
-            "digest": "d",
-            "graphs_after_warmup": 0,
-        }
-        for slot in range(4)
+@runs
+def test_markdown_has_a_row_per_measurement(report):
+    _, data, _ = report
+    rows = [
+        line
+        for line in markdown(data).splitlines()
+        if line.startswith("| ") and "---" not in line
     ]
-    cell = benchmark.analyze(events, {200: 90}, victim=3)
-    assert (cell["joined_at"], cell["lost_updates"], cell["short_steps"]) == (8, 0, 3)
+    # The recovery table, the goals (a row per fault), the steady step, the call.
+    headers = 4
+    assert len(rows) == headers + len(data["cells"]) + len(KILLS) + len(
+        data["steady"]
+    ) + 2 * len(data["call"])
+    assert (
+        "| 2 | tiny | none | killed between steps | lighthouse | torchft | 1 | "
+        in markdown(data)
+    )
 
 
-def test_a_failure_names_its_exception_not_the_lines_after_it(tmp_path):
-    # DDP's error for a reduction left unfinished goes on for lines after the exception's
-    # first one, and ends with a hint; the cell's failure must name the exception.
-    driver = object.__new__(benchmark.Driver)
-    driver.events_dir = str(tmp_path)
-    pathlib.Path(driver.stderr_path(1)).write_text(
-        "Traceback (most recent call last):\n"
-        '  File "recovery_after_lost_rank.py", line 178, in train_step\n'
-        "[rank0]: RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.\n"
-        "Parameter indices which did not receive grad for rank 0: 0 1\n"
-        " In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL\n"
+@runs
+def test_a_hung_replica_costs_the_collective_timeout(tmp_path):
+    # Stopped in its backward pass, the replica closes no connection: the heartbeats find it
+    # lost after their timeout (1 s), and the survivor's collective ends at the group's
+    # timeout, as nothing aborts a Gloo collective in torch 2.14.1.
+    timeout_s = 3.0
+    run_benchmark(
+        tmp_path,
+        *("--paths", "reconfigure", "--kill-in", "hang"),
+        *("--collective-timeout", str(timeout_s), "--skip", "steady", "call"),
+        "instructions",
     )
-    assert driver.last_error(1).startswith(
-        "[rank0]: RuntimeError: Expected to have finished reduction"
+    data = json.loads((tmp_path / "recovery_after_lost_rank.json").read_text())
+    cell = only_run(data, "w2-tiny-none-hang-heartbeat-reconfigure")
+    heartbeat_timeout_s = data["heartbeat"]["timeout_s"]
+    assert heartbeat_timeout_s - 0.2 < cell["kill_to_detection_s"] < timeout_s
+    assert timeout_s - 0.5 < cell["kill_to_last_failure_s"]
+    assert cell["kill_to_survivors_step_s"] < timeout_s + 5
+    assert cell["lost_updates"] == 0 and cell["bitwise_equal_to_reference"]
+
+
+@runs
+def test_a_loss_known_before_the_step_costs_no_attempt(tmp_path):
+    # The survivor waits before the kill's step until the driver has published the loss: it
+    # finds the membership key and goes on without the lost replica, with nothing to discard.
+    # Without the check it would start the step, fail and discard it.
+    run_benchmark(
+        tmp_path,
+        *("--paths", "reconfigure", "--kill-in", "between_steps"),
+        *("--hold-survivors-at-the-kill", "--skip", "steady", "call", "instructions"),
     )
-    # SystemExit's message names no exception: the last line.
-    pathlib.Path(driver.stderr_path(2)).write_text(
-        "slot 1 saw the switch at step 3 at 4\n"
+    data = json.loads((tmp_path / "recovery_after_lost_rank.json").read_text())
+    cell = only_run(data, "w2-tiny-none-between_steps-local_agent-reconfigure")
+    assert cell["discarded_attempts"] == 0 and cell["lost_updates"] == 0
+    assert cell["kill_to_last_failure_s"] is None  # no step failed
+    assert cell["bitwise_equal_to_reference"]
+
+
+@pytest.mark.skipif(
+    not (TORCHFT_NIGHTLY_VENV / "bin" / "python").exists(),
+    reason=f"torchft-nightly: needs {TORCHFT_NIGHTLY_VENV.name} (scripts/benchmark "
+    "--torchft-nightly)",
+)
+@runs
+def test_torchft_nightly_survives_a_kill_in_the_backward_pass(tmp_path):
+    # Its comm hook gives DDP the bucket unchanged where the allreduce failed, and the step
+    # is not committed: the survivor goes on.
+    run_benchmark(
+        tmp_path,
+        *("--paths", "torchft_nightly", "--kill-in", "backward"),
+        *("--skip", "steady", "call", "instructions"),
     )
-    assert driver.last_error(2) == "slot 1 saw the switch at step 3 at 4"
-    # What the process recorded wins over its stderr, where torchft logs the errors it handles.
-    pathlib.Path(driver.stderr_path(3)).write_text(
-        "Traceback (most recent call last):\nRuntimeError: handled by torchft\nslot 1 is at step 9, past the end at 8\n"
-    )
-    pathlib.Path(benchmark.error_path(driver.events_dir, 3)).write_text(
-        "SystemExit: slot 1 is at step 9, past the end at 8"
-    )
-    assert driver.last_error(3) == "SystemExit: slot 1 is at step 9, past the end at 8"
+    data = json.loads((tmp_path / "recovery_after_lost_rank.json").read_text())
+    cell = only_run(data, "w2-tiny-none-backward-lighthouse-torchft_nightly")
+    assert "error" not in cell, cell.get("error")
+    assert cell["lost_updates"] == 0 and cell["bitwise_equal_to_reference"]
 
 
 def test_a_process_records_the_error_that_ends_it(tmp_path):
@@ -268,9 +308,8 @@ def test_a_process_records_the_error_that_ends_it(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            str(BENCHMARK),
-            "--role",
-            "replica",
+            "-m",
+            "benchmarks.recovery.worker_replica",
             "--slot",
             "0",
             "--world",
@@ -287,38 +326,10 @@ def test_a_process_records_the_error_that_ends_it(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=REPO,
     )
     assert result.returncode != 0
     recorded = list(tmp_path.glob("error-*.txt"))
     assert (
         len(recorded) == 1 and "Error" in recorded[0].read_text().split(":")[0]
     ), result.stderr[-2000:]
-
-
-@runs
-def test_a_second_run_keeps_what_the_first_measured(report):
-    # What goes on after an interruption: each measurement already in the file is kept.
-    _, data, out = report
-    stdout = run_benchmark(out)
-    assert json.loads((out / "recovery_after_lost_rank.json").read_text()) == data
-    kept = [line for line in stdout.splitlines() if "kept from the run of" in line]
-    assert (
-        len(kept)
-        == len(data["cells"]) + len(data["steady"]) + len(data["call"])
-        == 2 * 4 + 1 + 1
-    )
-
-
-@runs
-def test_markdown_has_a_row_per_measurement(report):
-    _, data, _ = report
-    rows = [
-        line
-        for line in benchmark.markdown(data).splitlines()
-        if line.startswith("| ") and "---" not in line
-    ]
-    headers = 3
-    assert len(rows) == headers + len(data["cells"]) + len(data["steady"]) + 2 * len(
-        data["call"]
-    )
-    assert "| 2 | tiny | none | between steps | torchft | " in benchmark.markdown(data)

@@ -1,4 +1,4 @@
-"""benchmarks/stock_torch.py: a process started with ``python -S`` runs the wheel's own files."""
+"""benchmarks/recovery/stock_torch.py: a process started with ``python -S`` runs the wheel's own files."""
 
 import json
 import os
@@ -6,17 +6,16 @@ import pathlib
 import subprocess
 import sys
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-import stock_torch  # noqa: E402
-
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
 import torch.nn.parallel.distributed as series_distributed  # noqa: E402
+from benchmarks.recovery import stock_torch  # noqa: E402
 
 # What a process reports of its DDP module.
 REPORT = f"""
 import json, sys
-sys.path.insert(0, {str(BENCHMARKS)!r})
-import stock_torch
+sys.path.insert(0, {str(REPO)!r})
+from benchmarks.recovery import stock_torch
 stock_torch.use_stock_files()
 import torch.nn.parallel.distributed as distributed
 print(json.dumps({{

@@ -34,3 +34,10 @@ def test_recovery_on_a_base_without_reconfiguration_is_refused(capsys):
         f"needs torch 2.14 or later (in-place reconfiguration, torchft); use --base {bases.LATEST}"
         in (capsys.readouterr().err)
     )
+
+
+def test_the_recovery_benchmark_needs_torchft_nightly_unless_left_out():
+    assert benchmark.needs_torchft_nightly([])
+    assert benchmark.needs_torchft_nightly(["--paths", "torchft_nightly", "torchft"])
+    assert not benchmark.needs_torchft_nightly(["--paths", "reconfigure", "torchft"])
+    assert not benchmark.needs_torchft_nightly(["--skip", "recovery", "steady"])

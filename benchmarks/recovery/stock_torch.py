@@ -6,8 +6,12 @@ file loads its extension at start-up. A process started with ``python -S`` skips
 site-packages with it); :func:`use_stock_files` then puts site-packages back on ``sys.path`` and
 makes every patched module load from its original, after checking that it is the original.
 Nothing of the overlay is then imported: DDP is stock DDP, on the wheel's own Reducer bindings.
+
+``python -S -m benchmarks.recovery.stock_torch MODULE ARGS...`` runs MODULE as ``__main__`` so,
+with ARGS: the driver starts its stock workers that way (:func:`command` and this module's name).
 """
 
+import argparse
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -15,6 +19,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import runpy
 import sys
 import sysconfig
 from typing import Dict, List
@@ -86,6 +91,30 @@ def use_stock_files() -> None:
 
 
 def command(env: Dict[str, str]) -> List[str]:
-    """The start of the command line of a stock process; sets what it needs in ``env``."""
+    """Returns the start of the command line of a stock process; sets what it needs in ``env``."""
     env[SITE_PACKAGES_ENV] = sysconfig.get_paths()["purelib"]
     return [sys.executable, "-S"]
+
+
+def run_module_on_stock_files(argv: List[str]) -> None:
+    """Runs module ``argv[0]`` as ``__main__`` on the wheel's own files, with ``argv`` as its arguments."""
+    use_stock_files()
+    sys.argv = list(argv)
+    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+def main() -> None:
+    """Runs the module that the command line names on the wheel's own files."""
+    parser = argparse.ArgumentParser(
+        prog="python -S -m benchmarks.recovery.stock_torch",
+        description=f"Run MODULE as __main__ on the wheel's own files; {SITE_PACKAGES_ENV} "
+        "names the venv's site-packages.",
+    )
+    parser.add_argument("module", help="for example benchmarks.recovery.worker_steady")
+    parser.add_argument("arguments", nargs=argparse.REMAINDER, help="MODULE's")
+    args = parser.parse_args()
+    run_module_on_stock_files([args.module, *args.arguments])
+
+
+if __name__ == "__main__":
+    main()
