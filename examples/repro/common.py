@@ -1,9 +1,10 @@
-"""What the reproductions in this folder share: ranks to run them on, and a held collective.
+"""What the reproductions in this folder share: ranks to run them on, and a late allreduce.
 
 Each reproduction runs on Gloo ranks on this machine's CPU (2 unless it says otherwise),
 checks a gradient of DistributedDataParallel against what a local copy of the module
 computes, prints what each rank saw, and exits 1 if a rank saw a wrong result, 0 if none
-did.
+did. The ranks wait for each other through the store of the default group, never for a
+time.
 """
 
 import copy
@@ -12,89 +13,19 @@ import os
 import signal
 import sys
 import tempfile
+from typing import List, NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch._C._distributed_c10d import _create_work_from_future
 
 WORLD_SIZE = 2
 _results = None  # main()'s queue, in a rank
 
 
-class HeldGroup(dist.ProcessGroup):
-    """A process group whose allreduces run on ``inner``, or are held back while ``holding``.
-
-    A held allreduce is the collective of a backward pass whose peer died, or is
-    slow: it has not completed, and it may still write its tensors in place, at any
-    time. ``release()`` does that write (ten times the values, a result that no
-    correct allreduce gives) and completes it. ``fail_first`` makes the first held
-    allreduce fail instead, as Gloo's does when a peer is gone.
-    """
-
-    def __init__(self, inner):
-        super().__init__(inner.rank(), inner.size())
-        self.inner = inner
-        self.holding = False
-        self.fail_first = False
-        self.held = []
-
-    def getBackendName(self):
-        return "held"
-
-    def allreduce(self, tensors, opts=None):
-        if not self.holding:
-            return self.inner.allreduce(tensors, opts or dist.AllreduceOptions())
-        if self.fail_first:
-            self.fail_first = False
-            return FailedWork()
-        future = torch.futures.Future()
-        self.held.append((tensors, future))
-        return _create_work_from_future(future)
-
-    def allgather(self, output_tensors, input_tensors, opts=None):
-        return self.inner.allgather(
-            output_tensors,
-            input_tensors,
-            opts or dist.distributed_c10d.AllgatherOptions(),
-        )
-
-    def broadcast(self, tensors, opts=None):
-        return self.inner.broadcast(
-            tensors, opts or dist.distributed_c10d.BroadcastOptions()
-        )
-
-    @torch.no_grad()
-    def release(self):
-        for tensors, future in self.held:
-            for t in tensors:
-                t.mul_(10)
-            future.set_result(tensors)
-        self.held = []
-
-
-class FailedWork(dist.Work):
-    """The work of an allreduce that failed: its wait() and its future raise."""
-
-    def __init__(self):
-        super().__init__()
-
-        def fail(_):
-            raise RuntimeError("the allreduce failed: a peer is gone")
-
-        source = torch.futures.Future()
-        self._future = source.then(fail)
-        source.set_result(None)
-
-    def wait(self, timeout=None):
-        raise RuntimeError("the allreduce failed: a peer is gone")
-
-    def get_future(self):
-        return self._future
-
-
 class RaiseInBackward(torch.autograd.Function):
-    """Identity whose backward raises, after every parameter has its gradient."""
+    """Identity whose backward raises: applied to the input, once every parameter has its
+    gradient; applied to the loss, before any has."""
 
     @staticmethod
     def forward(ctx, x):
@@ -121,24 +52,69 @@ def expected_grads(module, step, ranks):
     return [t / len(ranks) for t in total]
 
 
-def check(ddp, step, ranks):
-    """The largest error of a gradient of ``ddp`` after its step ``step`` over ``ranks``."""
+class Gradients(NamedTuple):
+    """How far the gradients of a step are from the right ones: the largest error, and the
+    values of the parameter where it is, at the elements furthest off."""
+
+    error: float
+    name: str
+    expected: List[float]
+    got: List[float]
+
+
+def compare(ddp, step, ranks):
+    """The :class:`Gradients` of ``ddp`` after its step ``step`` over ``ranks``."""
     want = expected_grads(ddp.module, step, ranks)
-    return max(
-        (p.grad - w).abs().max().item() for p, w in zip(ddp.module.parameters(), want)
+    name, got, right = max(
+        (
+            (name, param.grad.flatten(), right.flatten())
+            for (name, param), right in zip(ddp.module.named_parameters(), want)
+        ),
+        key=lambda name_got_right: (name_got_right[1] - name_got_right[2]).abs().max(),
+    )
+    error = (got - right).abs()
+    furthest = error.topk(min(4, got.numel())).indices.sort().values
+    return Gradients(
+        error.max().item(), name, right[furthest].tolist(), got[furthest].tolist()
     )
 
 
-def recover_and_step(ddp, old, rank):
-    """Moves ``ddp`` to a new group of both ranks and trains step 1, while ``old`` holds
-    the failed pass's allreduces back until this step's last gradient arrives; returns
-    the largest error of a gradient (see :func:`check`)."""
+def check(ddp, step, ranks):
+    """The largest error of a gradient of ``ddp`` after its step ``step`` over ``ranks``."""
+    return compare(ddp, step, ranks).error
+
+
+def recover_and_step(ddp, old, rank, bucket):
+    """Moves ``ddp`` from ``old`` to a new group of both ranks, and trains step 1, while the
+    allreduce of the bucket at index ``bucket`` that rank 0's failed pass launched on
+    ``old`` still waits for rank 1; returns the :class:`Gradients` of step 1.
+
+    Rank 1 joins that allreduce late, as a slow peer does, once rank 0 has copied part of
+    step 1's gradients into the bucket: rank 0 waits in a hook of the first layer's
+    weight, whose gradient comes last, until the allreduce has completed.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    # Rank 1's side of the allreduce: its values stand for its gradients.
+    late = torch.ones_like(ddp.reducer._get_zeros_like_grad_buckets()[bucket].buffer())
     ddp._update_process_group(dist.new_group([0, 1]))
     ddp.zero_grad(set_to_none=True)
-    handle = ddp.module[0].weight.register_hook(lambda grad: old.release())
+    if rank == 0:
+
+        def wait_for_the_late_allreduce(grad):
+            store.set("rank 0 has filled part of the bucket", "")
+            # Gloo's barrier waits for the collectives issued before it on this rank: the
+            # failed pass's allreduce has written the bucket when it returns.
+            dist.barrier(group=old)
+
+        handle = ddp.module[0].weight.register_hook(wait_for_the_late_allreduce)
+    else:
+        store.wait(["rank 0 has filled part of the bucket"])
+        dist.all_reduce(late, group=old)
+        dist.barrier(group=old)
     ddp(batch(rank, 1)).pow(2).sum().backward()
-    handle.remove()
-    return check(ddp, 1, [0, 1])
+    if rank == 0:
+        handle.remove()
+    return compare(ddp, 1, [0, 1])
 
 
 def reconfigure(members, uuid):
@@ -185,7 +161,8 @@ def _rank(rank, body, init_file, results, world_size, in_place):
 
 
 def main(title, body, world_size=WORLD_SIZE, in_place=False):
-    """Runs ``body(rank)`` on every rank; it returns the largest gradient error it saw.
+    """Runs ``body(rank)`` on every rank; it returns the largest gradient error it saw, or
+    the :class:`Gradients` that say where.
 
     With ``in_place``, the default group can be reconfigured in place (see
     :func:`reconfigure`). ``body`` may end its rank with :func:`die`.
@@ -204,14 +181,20 @@ def main(title, body, world_size=WORLD_SIZE, in_place=False):
         reported = dict(results.get() for _ in range(world_size))
         for process in ranks.processes:
             process.join()
-    errors = {rank: error for rank, error in reported.items() if error is not None}
-    wrong = {rank: error for rank, error in sorted(errors.items()) if error > 1e-4}
-    for rank, error in sorted(reported.items()):
-        if error is None:
+    wrong = False
+    for rank, result in sorted(reported.items()):
+        if result is None:
             print(f"  rank {rank}: killed")
-        else:
+            continue
+        error = result.error if isinstance(result, Gradients) else result
+        wrong = wrong or error > 1e-4
+        print(
+            f"  rank {rank}: largest error of a gradient in the step after recovering: {error:.3g}"
+        )
+        if isinstance(result, Gradients) and error > 1e-4:
             print(
-                f"  rank {rank}: largest error of a gradient in the step after recovering: {error:.3g}"
+                f"    {result.name}, where it is furthest off: "
+                f"expected {_values(result.expected)}, got {_values(result.got)}"
             )
     print(
         "WRONG: the gradients are not the average over the ranks"
@@ -219,3 +202,7 @@ def main(title, body, world_size=WORLD_SIZE, in_place=False):
         else "ok: the gradients are right"
     )
     sys.exit(1 if wrong else 0)
+
+
+def _values(values):
+    return "[" + ", ".join(f"{v:.4g}" for v in values) + "]"

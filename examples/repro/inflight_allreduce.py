@@ -1,33 +1,37 @@
 #!/usr/bin/env python3
-"""A backward pass raises after it launched its allreduce, which is still running.
+"""A backward pass raises after it launched its allreduce, which a slow peer joins later.
 
-The ranks recover with DistributedDataParallel._update_process_group() and train on.
-The allreduce of the failed pass is held back (examples/repro/common.py), and lands
-while the next step's backward pass fills the same bucket, as a slow or dying peer's
-collective does. Upstream's reset_state() leaves the bucket's storage in place, so the
-next step's gradients are wrong on every rank, without an error.
+Two Gloo ranks train a DistributedDataParallel module on a group of their own. In step 0,
+rank 0's backward pass launches the allreduce of its bucket and then raises; rank 1's
+raises at once, before its own. The ranks recover with
+DistributedDataParallel._update_process_group() on a new group and train step 1. Rank 1
+joins the allreduce of step 0 on the old group while rank 0's step 1 fills the same
+bucket (examples/repro/common.py), as a slow peer's data arrives. Upstream's
+reset_state() leaves the bucket's storage in place, so the old allreduce writes over
+step 1's gradients, and they are wrong on every rank, without an error.
 """
 
 import torch
 import torch.distributed as dist
-from common import HeldGroup, main, RaiseInBackward, recover_and_step
+from common import batch, main, RaiseInBackward, recover_and_step
 from torch.nn.parallel import DistributedDataParallel
 
 
 def body(rank):
-    old = HeldGroup(dist.new_group([0, 1]))
+    old = dist.new_group([0, 1])
     ddp = DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)),
         process_group=old,
     )
-    old.holding = True
+    inputs = batch(rank, 0).requires_grad_()
     try:
-        ddp(
-            RaiseInBackward.apply(torch.ones(4, 6, requires_grad=True))
-        ).sum().backward()
+        if rank == 0:
+            ddp(RaiseInBackward.apply(inputs)).pow(2).sum().backward()
+        else:
+            RaiseInBackward.apply(ddp(inputs).pow(2).sum()).backward()
     except RuntimeError:
-        pass  # the backward pass raised; its allreduce is in flight
-    return recover_and_step(ddp, old, rank)
+        pass  # rank 0's allreduce waits for rank 1's, on the old group
+    return recover_and_step(ddp, old, rank, bucket=0)
 
 
 if __name__ == "__main__":
