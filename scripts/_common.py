@@ -8,8 +8,8 @@ import sys
 from typing import List, NoReturn, Optional, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# The overlay venv: the base's torch (torch_overlay/bases.py) and the test tools, the
-# linters, and what the benchmarks plot with.
+# The overlay venv of each base, .venv-BASE: the base's torch (torch_overlay/bases.py) and
+# the test tools, the linters, and what the benchmarks plot with.
 REQUIREMENTS = (
     REPO / "torch_overlay" / "requirements.txt",
     REPO / "requirements-lint.txt",
@@ -64,6 +64,10 @@ def base_type(name: str) -> bases.Base:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+# Where the overlay venv of the default base was before every venv was named after its base.
+OLD_VENV = REPO / ".venv"
+
+
 def default_venv(base: bases.Base) -> pathlib.Path:
     return base.venv(REPO)
 
@@ -76,8 +80,8 @@ def add_venv_argument(parser) -> None:
         type=pathlib.Path,
         default=None,
         help=(
-            f"the overlay virtual environment (default: {default_venv(bases.get(None)).relative_to(REPO)} at the repo root "
-            f"for {bases.DEFAULT}, .venv-BASE for another base)"
+            "the overlay virtual environment, whose torch must be the base's (default: "
+            f".venv-BASE at the repo root, e.g. {default_venv(bases.get(None)).relative_to(REPO)})"
         ),
     )
 
@@ -124,10 +128,24 @@ def requirements(base: bases.Base) -> List[str]:
     return list(base.requirements) + [line for line in lines if line]
 
 
+def old_venv_note(venv: pathlib.Path, old: pathlib.Path = OLD_VENV) -> str:
+    """What to say where ``venv`` is about to be made and ``old`` is still there: the
+    unnumbered venv of a checkout from before the venvs were named after their bases."""
+    if not venv_python(old).exists() or venv == old:
+        return ""
+    return (
+        f"{old} is not used any more: each base has its own venv, .venv-BASE. Creating {venv}; "
+        f"remove {old} once you no longer need it"
+    )
+
+
 def ensure_venv(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
     """Create the venv if it is missing and install ``base``'s requirements; returns its python."""
     python = venv_python(venv)
     if not python.exists():
+        note = old_venv_note(venv)
+        if note:
+            print_warning(note)
         progress(f"creating the virtual environment {venv}")
         if run([sys.executable, "-m", "venv", venv]).returncode != 0:
             die(f"could not create a virtual environment at {venv}")

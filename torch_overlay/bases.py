@@ -96,8 +96,9 @@ class Base:
             raise UnsupportedTorch(f"the {self.name} series' last fix: {e}") from None
 
     def venv(self, repo: pathlib.Path) -> pathlib.Path:
-        """The overlay venv of this base: .venv for the default base, .venv-<base> for the others."""
-        return repo / (".venv" if self.name == DEFAULT else f".venv-{self.name}")
+        """The overlay venv of this base: .venv-<base> (.venv-v2.1.2, .venv-v2.14.1), for every
+        base alike, so that no name stands for whichever torch the default base has."""
+        return repo / f".venv-{self.name}"
 
     def check_fixes(self, version: str) -> None:
         """Raise UnsupportedTorch unless the fixes alone can be carried onto torch ``version``."""

@@ -1,4 +1,5 @@
-"""Every script answers --help, and scripts/overlay refuses a venv with another torch."""
+"""Every script answers --help, scripts/overlay refuses a venv with another torch, and a
+leftover .venv is named when a base's venv is made."""
 
 import pathlib
 import subprocess
@@ -6,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import fake_command
+from conftest import fake_command, load_script
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -47,3 +48,14 @@ def test_overlay_install_refuses_a_venv_with_other_torch(tmp_path, version, mess
     )
     assert result.returncode == 2
     assert f"torch {version} " in result.stderr and message in result.stderr
+
+
+def test_a_leftover_dot_venv_is_named_when_a_venv_is_made(tmp_path):
+    common = load_script("overlay")._common
+    old, new = tmp_path / ".venv", tmp_path / ".venv-v2.1.2"
+    assert common.old_venv_note(new, old) == ""
+    fake_command(old / "bin", "python")
+    note = common.old_venv_note(new, old)
+    assert f"{old} is not used any more" in note and f"Creating {new};" in note
+    # --venv .venv: the user's choice.
+    assert common.old_venv_note(old, old) == ""

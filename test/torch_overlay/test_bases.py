@@ -83,4 +83,12 @@ def test_unknown_base():
         bases.get("v9")
 
 
+def test_each_base_has_a_venv_named_after_it():
+    # No .venv that stands for whichever base is the default.
+    assert {name: base.venv(REPO) for name, base in bases.BASES.items()} == {
+        "v2.1.2": REPO / ".venv-v2.1.2",
+        "v2.14.1": REPO / ".venv-v2.14.1",
+    }
+
+
 # Installing into a stand-in site-packages
