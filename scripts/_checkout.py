@@ -66,7 +66,7 @@ def tree_state(base: bases.Base, version: str, ddp_source: str) -> str:
         raise CheckoutError(
             f"version {version} has no DistributedDataParallel._update_process_group of its own: the {base.name} "
             f"series fixes upstream's, on {base.name} or newer; for a tree without it, the series that adds it "
-            f"is --base {bases.DEFAULT}"
+            f"is --base {bases.ADDS_API}"
         )
     try:
         found = bases.parse(version)

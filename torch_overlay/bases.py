@@ -3,12 +3,11 @@
 Plain Python: the scripts use it before a venv exists. Each base has its own
 series in ``patches/<base>/``:
 
-* ``v2.1.2``, the default: adds ``DistributedDataParallel._update_process_group``
-  to the last release without it, for teams that maintain PyTorch 2.1 in their
-  own repository;
-* ``v2.14.1``: upstream has the API; the series fixes what upstream still gets
-  wrong, as a stack that pytorch/pytorch can take. 2.14.1 is the newest release
-  that pip installs on this project's machines.
+* ``v2.14.1``, the default: upstream has the API; the series fixes what upstream
+  still gets wrong, as a stack that pytorch/pytorch can take. 2.14.1 is the newest
+  release that pip installs on this project's machines;
+* ``v2.1.2``: adds ``DistributedDataParallel._update_process_group`` to the last
+  release without it, for teams that maintain PyTorch 2.1 in their own repository.
 """
 
 import dataclasses
@@ -168,8 +167,16 @@ BASES: Dict[str, Base] = {
         ),
     )
 }
-DEFAULT = "v2.1.2"
+# The series that adds the API, to the last release without it.
+ADDS_API = "v2.1.2"
+# The newest release with a series.
 LATEST = "v2.14.1"
+# The base of every script without --base: the current release.
+DEFAULT = LATEST
+# The overlay's and the scripts' own tests (test/torch_overlay, test/scripts) run in this
+# base's venv, on its series: they stand in for its wheel and a release/2.1 checkout. They
+# check the overlay and the scripts, not a series, so they run with one base only.
+TOOL_TESTS_BASE = ADDS_API
 
 
 def get(name: Optional[str]) -> Base:

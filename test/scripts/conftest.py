@@ -12,8 +12,8 @@ from torch_overlay import bases, install, series
 from torch_overlay.wheel import Torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-# The scripts' tests run in the default base's venv, on its series.
-BASE = bases.get(None)
+# The scripts' tests run in one base's venv, on its series (scripts/test --base v2.1.2).
+BASE = bases.get(bases.TOOL_TESTS_BASE)
 PATCHES = BASE.patches(REPO)
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
 # The identity in the pytorch_tree checkout's own git config.
@@ -23,6 +23,11 @@ USER = ("Pat Contributor", "pat@example.com")
 def _wheel_originals():
     """The torch 2.1.2 wheel's own bytes for the files the series patches, by installed path."""
     torch = Torch.find()
+    if bases.parse(torch.version) != BASE.release:
+        raise pytest.UsageError(
+            f"test/scripts runs in the {BASE.name} venv, with torch {BASE.torch}; this is torch "
+            f"{torch.version}: scripts/test --base {BASE.name} test/scripts"
+        )
     applied = series.read_series(PATCHES, torch.site_packages).applied
     return {
         series.installed_path(p): data

@@ -17,7 +17,7 @@ def chosen(base, *, resume=False, recovery=False):
 
 
 def test_each_base_runs_its_benchmark():
-    assert chosen(bases.DEFAULT) == benchmark.RESUME
+    assert chosen(bases.ADDS_API) == benchmark.RESUME
     assert chosen(bases.LATEST) == benchmark.RECOVERY
 
 
@@ -28,7 +28,7 @@ def test_the_flags_choose_over_the_base():
 
 def test_recovery_on_a_base_without_reconfiguration_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        chosen(bases.DEFAULT, recovery=True)
+        chosen(bases.ADDS_API, recovery=True)
     assert exit_info.value.code == 2
     assert (
         f"needs torch 2.14 or later (in-place reconfiguration, torchft); use --base {bases.LATEST}"

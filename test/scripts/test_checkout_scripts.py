@@ -50,9 +50,12 @@ def _set_by_the_test(name):
 
 
 def script(name, *args, env=None):
+    """Runs scripts/NAME, on the series of the stand-in checkout's base unless ``args`` name one."""
     inherited = {k: v for k, v in os.environ.items() if not _set_by_the_test(k)}
+    args = tuple(map(str, args))
+    base = () if "--base" in args else ("--base", BASE.name)
     return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / name), *map(str, args)],
+        [sys.executable, str(REPO / "scripts" / name), *args, *base],
         capture_output=True,
         text=True,
         env={**inherited, **COMMITTER, **(env or {})},
@@ -390,7 +393,7 @@ def test_apply_takes_the_base(pytorch_tree):
     assert result.returncode == 2
     assert (
         "no patches in " in result.stderr
-        or f"the series that adds it is --base {bases.DEFAULT}" in result.stderr
+        or f"the series that adds it is --base {bases.ADDS_API}" in result.stderr
     )
     result = script("apply", pytorch_tree, "--base", "v1.0")
     assert (
@@ -429,7 +432,7 @@ def test_tree_state(base, version, api, state):
             False,
             "has no DistributedDataParallel._update_process_group of its own",
         ),
-        ("v2.14.1", "2.1.0a0", False, f"--base {bases.DEFAULT}"),
+        ("v2.14.1", "2.1.0a0", False, f"--base {bases.ADDS_API}"),
     ],
 )
 def test_tree_state_refuses(base, version, api, error):
@@ -504,7 +507,7 @@ def test_build_dry_run_cpu(pytorch_tree, tmp_path):
         f"env USE_DISTRIBUTED=1 USE_GLOO=1 USE_CUDA=0 USE_NCCL=0 MAX_JOBS=2 BUILD_TEST=0 {sys.executable} setup.py develop"
         in lines
     )
-    assert "scripts/apply applies it" in result.stdout
+    assert "scripts/apply --base v2.1.2 applies it" in result.stdout
 
 
 def test_build_dry_run_cuda_ccache_tests(pytorch_tree, tmp_path):
@@ -868,7 +871,7 @@ def test_submit_refuses_commits_that_are_not_the_series(published, submit_env):
     )
     assert "patches that no commit holds" not in result.stderr
     assert (
-        "on top of origin/main: run scripts/apply on a checkout of origin/main"
+        "on top of origin/main: run scripts/apply --base v2.1.2 on a checkout of origin/main"
         in result.stderr
     )
 

@@ -40,6 +40,8 @@ def test_overlay_install_refuses_a_venv_with_other_torch(tmp_path, version, mess
             sys.executable,
             str(REPO / "scripts" / "overlay"),
             "install",
+            "--base",
+            "v2.1.2",
             "--venv",
             str(tmp_path / "venv"),
         ],
