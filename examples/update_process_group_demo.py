@@ -6,14 +6,26 @@ wrapping the module again. After every step each member checks its gradients
 against the average over the current group's members computed locally, and the
 demo prints how many graphs torch.compile has compiled.
 
+Then, on torch 2.14 or later, rank 3 is killed in its backward pass. The others
+recover as docs/recovery.md's recipe does, with the elastic example's code: they
+release the failed group at once, reconfigure the default group in place to the
+three of them (init_process_group(..., enable_reconfigure=True),
+torch.distributed._reconfigure), and follow it with _update_process_group. The
+demo prints the time from the kill until the last survivor is back on the group,
+and the graphs compiled after it: none. On an older torch, which cannot
+reconfigure a group in place, it says so and skips that part.
+
 Run it with scripts/demo, which sets up the overlay venv first.
 """
 
 import argparse
 import copy
+import datetime
 import os
+import signal
 import sys
 import tempfile
+import time
 
 import torch
 import torch._dynamo.testing
@@ -21,9 +33,26 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+
+# The recovery's release and reconfigure: the elastic example's, which docs/recovery.md's
+# recipe does too. This file's folder is the first on sys.path when it runs.
+from elastic_ddp import reconfigure, release_failed_group
 from torch.nn.parallel import DistributedDataParallel
 
 WORLD_SIZE = 4
+# Whether this torch can reconfigure a process group in place (2.14 or later).
+IN_PLACE = hasattr(dist, "_reconfigure")
+IN_PLACE_SKIPPED = (
+    f"torch {torch.__version__} cannot reconfigure a process group in place "
+    "(torch.distributed._reconfigure, torch 2.14 or later): scripts/demo --base v2.14.1 runs it"
+)
+# The rank killed in its backward pass, and the ones that go on.
+VICTIM = 3
+SURVIVORS = [r for r in range(WORLD_SIZE) if r != VICTIM]
+# The default group's collective timeout, which the survivors do not wait for: each releases
+# the failed group at once, and the next one's collective fails then. Long enough for a rank
+# to wait out another one's first compile.
+TIMEOUT_S = 120.0
 
 
 def batch(owner, step):
@@ -60,13 +89,92 @@ class Model(nn.Module):
         return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
+def train(ddp, module, model, rank, members, step, steps):
+    """Trains ``steps`` steps from ``step`` on ``members``; returns in how many the gradients
+    equal the members' average on every member."""
+    checked = 0
+    for _ in range(steps):
+        want = expected_grads(module, members, step)
+        ddp.zero_grad(set_to_none=True)
+        loss_fn(model(batch(rank, step))).backward()
+        ok = all(
+            torch.allclose(p.grad, w, atol=1e-6)
+            for p, w in zip(module.parameters(), want)
+        )
+        flag = torch.tensor([int(ok)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=ddp.process_group)
+        checked += int(flag.item())
+        with torch.no_grad():
+            for p in module.parameters():
+                p -= 0.05 * p.grad
+        step += 1
+    return checked
+
+
+def recover(store, ddp, module, model, counter, rank, step, steps):
+    """Rank VICTIM is killed in its backward pass; the others recover in place and train on."""
+    # Back on the default group, the one that can be reconfigured in place; every rank holds
+    # the same parameters since the expand phase.
+    ddp._update_process_group(dist.group.WORLD)
+    if rank == VICTIM:
+
+        def die(grad):
+            store.set("killed_at_ns", str(time.monotonic_ns()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        # fc1's gradient comes last, once the others are ready for the allreduce.
+        module.fc1.weight.register_hook(die)
+    failed = False
+    try:
+        ddp.zero_grad(set_to_none=True)
+        loss_fn(model(batch(rank, step))).backward()
+    except RuntimeError:
+        # Nothing of the exception kept: its traceback holds the failed Work.
+        failed = True
+    if not failed:
+        print(f"rank {rank}: the backward pass did not fail", flush=True)
+        sys.exit(1)
+    # Out of the except clause: close the failed group's connections at once, so that a
+    # survivor still waiting in the same allreduce fails too, then reconfigure the group in
+    # place to the survivors (uuid 0 made it the four ranks), and follow it.
+    release_failed_group(ddp, rank, generation=1, in_place=True)
+    reconfigure(store, rank, SURVIVORS, uuid=1, timeout_s=TIMEOUT_S)
+    ddp._update_process_group(dist.group.WORLD)
+    since_kill = time.monotonic_ns() - int(store.get("killed_at_ns"))
+    slowest = torch.tensor([since_kill], dtype=torch.int64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    graphs = counter.frame_count
+    # The failed step again, on the survivors.
+    checked = train(ddp, module, model, rank, SURVIVORS, step, steps)
+    if rank == SURVIVORS[0]:
+        print(
+            f"recover: rank {VICTIM} killed in its backward pass; members {SURVIVORS}, world size "
+            f"{dist.get_world_size(ddp.process_group)}, gradients equal the members' average in "
+            f"{checked}/{steps} steps, compiled graphs {counter.frame_count} (new since the "
+            f"recovery: {counter.frame_count - graphs})\n"
+            f"recovery time: {slowest.item() / 1e9:.2f} s from the kill until the last survivor was "
+            "back on the group reconfigured in place",
+            flush=True,
+        )
+    if counter.frame_count != graphs or checked != steps:
+        sys.exit(1)
+
+
 def worker(rank, store_path, backend, steps):
+    store = dist.FileStore(store_path, WORLD_SIZE)
     dist.init_process_group(
         "gloo",
-        store=dist.FileStore(store_path, WORLD_SIZE),
+        store=store,
         rank=rank,
         world_size=WORLD_SIZE,
+        **(
+            dict(timeout=datetime.timedelta(seconds=TIMEOUT_S), enable_reconfigure=True)
+            if IN_PLACE
+            else {}
+        ),
     )
+    if IN_PLACE:
+        reconfigure(store, rank, list(range(WORLD_SIZE)), uuid=0, timeout_s=TIMEOUT_S)
     torch.manual_seed(0)
     module = Model()
     ddp = DistributedDataParallel(module)
@@ -89,22 +197,8 @@ def worker(rank, store_path, backend, steps):
             ddp._update_process_group(group, sync_module_states=phase == "expand")
         if rank not in members:
             continue
-        checked = 0
-        for _ in range(steps):
-            want = expected_grads(module, members, step)
-            ddp.zero_grad(set_to_none=True)
-            loss_fn(model(batch(rank, step))).backward()
-            ok = all(
-                torch.allclose(p.grad, w, atol=1e-6)
-                for p, w in zip(module.parameters(), want)
-            )
-            flag = torch.tensor([int(ok)])
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=ddp.process_group)
-            checked += int(flag.item())
-            with torch.no_grad():
-                for p in module.parameters():
-                    p -= 0.05 * p.grad
-            step += 1
+        checked = train(ddp, module, model, rank, members, step, steps)
+        step += steps
         if warm is None:
             warm = counter.frame_count
             if warm == 0:
@@ -122,6 +216,8 @@ def worker(rank, store_path, backend, steps):
             )
         if counter.frame_count != warm or checked != steps:
             sys.exit(1)
+    if IN_PLACE:
+        recover(store, ddp, module, model, counter, rank, step, steps)
     dist.destroy_process_group()
 
 
@@ -143,19 +239,53 @@ def main():
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            mp.spawn(
-                worker,
-                args=(os.path.join(tmp, "store"), args.backend, args.steps),
-                nprocs=WORLD_SIZE,
-            )
-        except mp.ProcessExitedException as e:
-            print(f"demo failed: {e}", file=sys.stderr)
-            return 1
+        ranks = mp.start_processes(
+            worker,
+            args=(os.path.join(tmp, "store"), args.backend, args.steps),
+            nprocs=WORLD_SIZE,
+            join=False,
+            start_method="spawn",
+        )
+        # Killed in the recovery part, and only there.
+        expected = [
+            -signal.SIGKILL if IN_PLACE and rank == VICTIM else 0
+            for rank in range(WORLD_SIZE)
+        ]
+        failed = wait_for_ranks(ranks.processes, expected)
+    if failed:
+        print(f"demo failed: {failed}", file=sys.stderr)
+        return 1
+    if not IN_PLACE:
+        print(f"recover: skipped: {IN_PLACE_SKIPPED}")
     print(
         "ok: the group changed three times with no recompilation and correct gradients"
+        + (
+            ", and the survivors of a rank killed in its backward pass went on in place, "
+            "with none either"
+            if IN_PLACE
+            else ""
+        )
     )
     return 0
+
+
+def wait_for_ranks(processes, expected):
+    """Waits for the ranks; once one exits otherwise than ``expected`` says, ends the others.
+    Returns what went wrong, or ""."""
+    while True:
+        codes = [p.exitcode for p in processes]
+        wrong = [
+            f"rank {rank} exited with {code}, not {want}"
+            for rank, (code, want) in enumerate(zip(codes, expected))
+            if code is not None and code != want
+        ]
+        if wrong or None not in codes:
+            for p in processes:
+                if p.exitcode is None:
+                    p.terminate()
+                p.join()
+            return "; ".join(wrong)
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":
