@@ -203,9 +203,7 @@ def build_extension(
         if getattr(c10d, b.owner).__dict__.get(b.name) is stock[b.owner, b.name]
     ]
     if missing:
-        raise OverlayError(
-            f"the extension built but did not bind {', '.join(missing)}"
-        )
+        raise OverlayError(f"the extension built but did not bind {', '.join(missing)}")
     cached_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(built, cached_dir / (built.name + ".partial"))
     (cached_dir / (built.name + ".partial")).rename(cached_dir / built.name)

@@ -421,9 +421,7 @@ def _split_arguments(text: str) -> List[str]:
     return arguments
 
 
-def bindings(
-    known: Dict[int, KnownLine], changed: Set[str]
-) -> List[Binding]:
+def bindings(known: Dict[int, KnownLine], changed: Set[str]) -> List[Binding]:
     """Return the `.def(` blocks of init.cpp that the series adds, or changes (``changed``).
 
     Each must lie whole among the lines the hunks show; the class it binds
@@ -445,7 +443,10 @@ def bindings(
                 if depth <= 0:
                     end = j
                     break
-            lines = [known[n] for n in run[i : (end if end is not None else len(run) - 1) + 1]]
+            lines = [
+                known[n]
+                for n in run[i : (end if end is not None else len(run) - 1) + 1]
+            ]
             patches = [line.patch for line in lines if line.patch is not None]
             if not patches and name["name"] not in changed:
                 continue

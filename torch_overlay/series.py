@@ -80,13 +80,13 @@ class Series:
     prologues: List[Prologue]
     # The methods that the init.cpp hunks bind, new or changed.
     bindings: List[Binding]
+    # What the hunks show of the base files of the sources: path -> line number -> text.
+    base_lines: Dict[str, Dict[int, str]]
 
     @property
     def bound_methods(self) -> List[str]:
         """Return the names of the methods that the series binds."""
         return [b.name for b in self.bindings]
-    # What the hunks show of the base files of the sources: path -> line number -> text.
-    base_lines: Dict[str, Dict[int, str]]
 
     def digest(self) -> str:
         """Return a digest of the patches, names and contents."""

@@ -8,10 +8,10 @@ from typing import List, Optional
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.recovery import worker
 from benchmarks.recovery.cells import CALL_MODES
+from torch.nn.parallel import DistributedDataParallel
 
 
 class RecordingGroup(dist.ProcessGroup):

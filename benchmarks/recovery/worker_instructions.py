@@ -15,10 +15,10 @@ import timeit
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.recovery.worker import batch
 from benchmarks.resume_after_membership_change import LanguageModel, SIZES
+from torch.nn.parallel import DistributedDataParallel
 
 WARMUP = 3
 

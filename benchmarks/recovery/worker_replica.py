@@ -10,8 +10,6 @@ from typing import List
 
 import torch
 import torch.distributed as dist
-from examples.elastic_ddp import reconfigure, release_failed_group, SOLO_UUID
-from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.recovery import worker
 from benchmarks.recovery.cells import MAX_STEPS
@@ -20,6 +18,8 @@ from benchmarks.resume_after_membership_change import (
     peak_rss_mb,
     reset_peak_rss,
 )
+from examples.elastic_ddp import reconfigure, release_failed_group, SOLO_UUID
+from torch.nn.parallel import DistributedDataParallel
 
 
 class Replica(worker.Process):

@@ -5,9 +5,9 @@ import sys
 import time
 
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.recovery import worker
+from torch.nn.parallel import DistributedDataParallel
 
 
 def main(args) -> int:

@@ -365,7 +365,7 @@ def lint_added_code(
 def lint_agreement(
     base: bases.Base, patch_files: List[pathlib.Path], patches: series.Series
 ) -> List[LintMessage]:
-    found = []
+    found: List[LintMessage] = []
     with tempfile.TemporaryDirectory() as tmp:
         for patch in patch_files:
             command = ["git", "apply", "--include=test/distributed/*", str(patch)]
