@@ -390,6 +390,66 @@ def _reconfigure(key, members, uuid, call=None):
         call(opts).wait()
 
 
+def _flat_state(module, optimizer):
+    """The parameters and the optimizer's state of ``module``, as one tensor."""
+    tensors = [p.detach() for p in module.parameters()]
+    tensors += [optimizer.state[p]["momentum_buffer"] for p in module.parameters()]
+    return torch.cat([t.flatten() for t in tensors])
+
+
+def _join_as_a_new_process(file_name, world_size, members, replaces):
+    """A process started after the others, which joins them through a reconfigure.
+
+    This is how it builds its module: on the default group reconfigured to
+    itself alone, where the constructor's collectives have no peer to wait
+    for, with an optimizer and a compiled module; then it reconfigures that
+    group with ``members``, as they do, and takes their parameters, buffers and
+    optimizer state. It trains on the batches of the rank it ``replaces``.
+    See test_reconfigure_a_new_process_replaces_a_dead_one.
+    """
+    # The members' store: its file outlives them, as the dead one never closes
+    # it. The rank only names this process in its reconfigure handles: Gloo
+    # connects to no peer until the group is reconfigured.
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(file_name, world_size),
+        rank=world_size,
+        world_size=world_size + 1,
+        timeout=timedelta(seconds=10),
+        enable_reconfigure=True,
+    )
+    group = dist.group.WORLD
+    _reconfigure("new", ["new"], uuid=100)
+    torch.manual_seed(1)  # other parameters than the members'
+    ddp = DistributedDataParallel(Net())
+    torch._dynamo.reset()
+    cnt = torch._dynamo.testing.CompileCounter()
+    model = torch.compile(ddp, backend=cnt)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    _loss(model(_sample(replaces, 0, "cpu"))).backward()
+    optimizer.step()
+    frames = cnt.frame_count
+    assert frames > 0, "the counter missed the first compile"
+
+    _reconfigure("new", members, uuid=2)
+    ddp._update_process_group(group, sync_module_states=True, src=0)
+    state = [optimizer.state_dict()]
+    dist.broadcast_object_list(state, src=0)
+    optimizer.load_state_dict(state[0])
+    # As _assert_identical does on the members.
+    flat = _flat_state(ddp.module, optimizer)
+    gathered = [torch.zeros_like(flat) for _ in members]
+    dist.all_gather(gathered, flat)
+    for step in (3, 4):
+        ddp.zero_grad(set_to_none=True)
+        _loss(model(_sample(replaces, step, "cpu"))).backward()
+        optimizer.step()
+    flat = _flat_state(ddp.module, optimizer)
+    dist.all_gather(gathered, flat)
+    assert cnt.frame_count == frames, "joining recompiled"
+    dist.destroy_process_group()
+
+
 def _reversed_buckets(sizes, indices):
     """The buckets of a bucket assignment's sizes and indices, in reverse."""
     buckets, start = [], 0
@@ -1898,6 +1958,53 @@ but got NoneType: None""",
         for step in range(1, 3):
             self._step(ddp, everyone, step)
 
+    def test_reconfigure_a_new_process_replaces_a_dead_one(self):
+        group = self._init_reconfigurable_group()
+        everyone = list(range(self.world_size))
+        dead = everyone[-1]
+        survivors = everyone[:-1]
+        if self.rank == 0:
+            new_process = torch.multiprocessing.get_context("spawn").Process(
+                target=_join_as_a_new_process,
+                args=(self.file_name, self.world_size, survivors + ["new"], dead),
+                daemon=True,  # ends with this rank, should it hang
+            )
+            new_process.start()
+        ddp = self._ddp()
+        cnt = self._compile_counter()
+        model = torch.compile(ddp, backend=cnt)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        self._step(ddp, everyone, 0, model=model, optimizer=optimizer)
+        frames = cnt.frame_count
+        self.assertGreater(frames, 0, msg="the counter missed the first compile")
+        if self.rank == dead:
+            ddp.module.fc1.weight.register_hook(lambda grad: os._exit(0))
+        # Gloo's error: the peer closed the connection, or the group timed out.
+        with self.assertRaises(RuntimeError):
+            _loss(model(_sample(self.rank, 1, self.device))).backward()
+        self._reconfigure(survivors, uuid=1)
+        ddp._update_process_group(group)
+        optimizer.zero_grad(set_to_none=True)
+        self._step(ddp, survivors, 2, model=model, optimizer=optimizer)
+
+        # Between steps, the new process joins in the dead one's place.
+        self._reconfigure(survivors + ["new"], uuid=2)
+        self._assert_refuses_reconfigured_group(
+            model, 3, had=len(survivors), has=self.world_size
+        )
+        ddp._update_process_group(group, sync_module_states=True, src=0)
+        state = [optimizer.state_dict()]
+        dist.broadcast_object_list(state, src=0)
+        optimizer.load_state_dict(state[0])
+        self._assert_identical([_flat_state(ddp.module, optimizer)], group, everyone)
+        for step in (3, 4):
+            self._step(ddp, everyone, step, model=model, optimizer=optimizer)
+        self._assert_identical([_flat_state(ddp.module, optimizer)], group, everyone)
+        self.assertEqual(cnt.frame_count, frames, msg="reconfiguring recompiled")
+        if self.rank == 0:
+            new_process.join(timeout=60)
+            self.assertEqual(new_process.exitcode, 0, msg="the new process failed")
+
     @parametrize("copy_with", ["deepcopy", "pickle", "averaged_model"])
     def test_copy_with_comm_hook_on_process_group(self, copy_with):
         # DDP's pickling drops what holds a process group.
@@ -2880,6 +2987,31 @@ contains this rank first.""",
             self._compressed_step(ddp, step)
             self._assert_same_grads(ddp, pg)
         self.assertEqual(state.iter, 7)
+        # A checkpoint holds the slots that stock's holds, which a state of
+        # stock can load: the count of changes means nothing in another
+        # process, and starts at 0 there.
+        self.assertEqual(
+            sorted(state.__getstate__()),
+            [
+                "batch_tensors_with_same_shape",
+                "compression_stats_logging_frequency",
+                "error_dict",
+                "iter",
+                "matrix_approximation_rank",
+                "min_compression_rate",
+                "next_stats_report",
+                "orthogonalization_epsilon",
+                "p_memory_dict",
+                "q_memory_dict",
+                "rng",
+                "start_powerSGD_iter",
+                "total_numel_after_compression",
+                "total_numel_before_compression",
+                "use_error_feedback",
+                "warm_start",
+            ],
+        )
+        self.assertEqual(pickle.loads(pickle.dumps(state))._process_group_updates, 0)
 
     def test_power_sgd_state_where_the_buckets_are_rebuilt(self):
         # Every rank moves before its first iteration, so the next one
