@@ -147,6 +147,15 @@ def test_noise(tmp_path, monkeypatch):
         new="    f(x,y)",
     )
     assert names(patch_series.lint_noise(patch, unidiff.PatchSet(text))) == ["reformat"]
+    # In C++, a statement that moves into a block that the hunk adds.
+    patch, text = fake(tmp_path, old="  f(x);", new="  if (y) {")
+    text = text.replace("@@ -1,3 +1,3 @@", "@@ -1,3 +1,5 @@").replace(
+        "+  if (y) {\n", "+  if (y) {\n+    f(x);\n+  }\n"
+    )
+    assert patch_series.lint_noise(patch, unidiff.PatchSet(text)) == []
+    # Without a new block, a line indented anew is a reformat.
+    patch, text = fake(tmp_path, old="  f(x);", new="    f(x);")
+    assert names(patch_series.lint_noise(patch, unidiff.PatchSet(text))) == ["reformat"]
 
 
 def test_test_file_must_agree_with_the_series(tmp_path, monkeypatch):

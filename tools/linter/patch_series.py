@@ -178,10 +178,24 @@ def lint_scope(
     ]
 
 
-def reformat_key(value: str, python: bool) -> str:
-    """What a line is, whitespace aside; in Python, its indentation included."""
-    indentation = value[: len(value) - len(value.lstrip())] if python else ""
+def reformat_key(value: str, keep_indentation: bool) -> str:
+    """What a line is, whitespace aside, or but its indentation."""
+    indentation = value[: len(value) - len(value.lstrip())] if keep_indentation else ""
     return indentation + "".join(value.split())
+
+
+def changes_blocks(hunk: unidiff.Hunk) -> bool:
+    """Whether a C++ hunk opens or closes a block that it did not have before."""
+
+    def braces(lines):
+        return {
+            line.value.strip()
+            for line in lines
+            if line.value.strip().endswith("{") or line.value.strip().startswith("}")
+        }
+
+    added = braces(line for line in hunk if line.is_added)
+    return bool(added - braces(line for line in hunk if line.is_removed))
 
 
 def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMessage]:
@@ -189,10 +203,15 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
     for patched_file in patch_set:
         for hunk in patched_file:
             # In Python, indentation is block structure: a line that comes back with
-            # another indentation moved into another block, which is no reformat.
-            python = patched_file.path.endswith((".py", ".pyi"))
+            # another indentation moved into another block, which is no reformat. So
+            # in C++, where the hunk adds a block around it.
+            keep_indentation = patched_file.path.endswith(
+                (".py", ".pyi")
+            ) or changes_blocks(hunk)
             removed = {
-                reformat_key(line.value, python) for line in hunk if line.is_removed
+                reformat_key(line.value, keep_indentation)
+                for line in hunk
+                if line.is_removed
             }
             # A line that comes back unchanged elsewhere in the hunk moved; that is no reformat.
             moved = {line.value for line in hunk if line.is_removed}
@@ -211,7 +230,7 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
                     )
                 if (
                     line.value.strip()
-                    and reformat_key(line.value, python) in removed
+                    and reformat_key(line.value, keep_indentation) in removed
                     and line.value not in moved
                 ):
                     found.append(
@@ -410,7 +429,8 @@ def lint_git_am(
                 excluded.append(f"--exclude={path}")
         for path, data in files.items():
             (tree / path).parent.mkdir(parents=True, exist_ok=True)
-            (tree / path).write_bytes(data)
+            # As the sources have it, as the overlay applies the series to it.
+            (tree / path).write_bytes(wheel.unwrap_header(data))
         git = [
             "git",
             "-c",
