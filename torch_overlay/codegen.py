@@ -152,6 +152,17 @@ def _namespace_of(qualified: str) -> str:
     return qualified.rsplit("::", 1)[0]
 
 
+# Note [Shims]
+# A data member that the series adds to a class that libtorch was compiled
+# with (Reducer, Backend) cannot live in the object: its layout is libtorch's.
+# The extension keeps it in a struct per object, found by the object's address
+# in a map under a mutex, made with the patch's initializers on the first
+# access; a macro of the member's name makes the patched functions read and
+# write it there. The class's D1 and D2 destructors are redirected, so that an
+# object's entry goes with it, and a new object at the same address starts
+# anew. Each access costs the lock and a lookup, where a member of the object
+# costs a load: the shims prove the code, not its cost or the layout that a
+# source build has. docs/design.md lists the series' shims.
 def _generate_shims(members: Sequence[AddedMember]) -> List[str]:
     """Return the structs of the added members, their accessors, and the macros that reach them."""
     owners: Dict[str, List[AddedMember]] = {}

@@ -7,7 +7,7 @@ C++ sources. Every file in the series falls into exactly one of these roles:
 * ``applied``: the wheel ships the file, so its hunks are applied to the
   installed copy with ``git apply``. A data member that the series adds to a
   class in a header is left out there, and carried by a shim (see
-  :mod:`torch_overlay.members`);
+  :mod:`torch_overlay.cpp_classes`);
 * ``compiled``: ``reducer.cpp``, ``logger.cpp`` and ``Backend.cpp``, whose
   functions compile against the wheel's headers. The overlay takes every
   function that the series adds or changes whole from the hunks (see
