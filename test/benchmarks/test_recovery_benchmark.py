@@ -190,9 +190,10 @@ def test_steady_and_call(report):
     assert low <= steady["series_over_stock"] <= high
     assert steady["torchft_step_s"] > 0
     call = data["call"]["w2-tiny"]
-    # The call's six rounds, as the series' test_collective_rounds_of_a_call counts them; with
-    # sync_module_states, one more: a broadcast of the parameters and buffers.
-    assert (call["no_sync"]["rounds"], call["sync"]["rounds"]) == (6, 7)
+    # The call's two rounds (rank 0's description, every rank's verdict), as the series'
+    # test_collective_rounds_of_a_call counts them; with sync_module_states, one more: a
+    # broadcast of the parameters and buffers.
+    assert (call["no_sync"]["rounds"], call["sync"]["rounds"]) == (2, 3)
     assert sorted(c["kind"] for c in call["sync"]["collectives"]) == sorted(
         [c["kind"] for c in call["no_sync"]["collectives"]] + ["broadcast"]
     )
