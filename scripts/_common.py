@@ -1,6 +1,7 @@
 """Shared by the scripts: where things are, the overlay venv, and how to fail and report."""
 
 import hashlib
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -15,8 +16,30 @@ REQUIREMENTS = (
     REPO / "requirements-lint.txt",
     REPO / "benchmarks" / "requirements.txt",
 )
+# The project's own Python (torch_overlay, benchmarks), which ensure_venv installs into each
+# venv, in place: what the venv imports of it is this checkout's files.
+PYPROJECT = REPO / "pyproject.toml"
 
-sys.path.insert(0, str(REPO))
+
+def load_package(name: str) -> None:
+    """Import this checkout's package ``name`` from its folder, unless it is imported already.
+
+    The scripts run on the system python3, which makes the venvs and has not got the package
+    installed: they load it from the checkout they are part of.
+    """
+    if name in sys.modules:
+        return
+    folder = REPO / name
+    spec = importlib.util.spec_from_file_location(
+        name, folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+load_package("torch_overlay")
 from torch_overlay import bases  # noqa: E402
 
 
@@ -95,11 +118,9 @@ def venv_python(venv: pathlib.Path) -> pathlib.Path:
 
 
 def venv_env(extra: Optional[dict] = None, *, venv: pathlib.Path) -> dict:
-    """The environment for running the venv's tools on this repository's code."""
+    """Return the environment for running the venv's tools on this repository's code, which
+    ensure_venv installed into the venv."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPO), env.get("PYTHONPATH")])
-    )
     env["PATH"] = os.pathsep.join(filter(None, [str(venv / "bin"), env.get("PATH")]))
     env.update(extra or {})
     return env
@@ -140,7 +161,8 @@ def old_venv_note(venv: pathlib.Path, old: pathlib.Path = OLD_VENV) -> str:
 
 
 def ensure_venv(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
-    """Create the venv if it is missing and install ``base``'s requirements; returns its python."""
+    """Create the venv if it is missing, install ``base``'s requirements and this checkout's
+    package into it, and return its python."""
     python = venv_python(venv)
     if not python.exists():
         note = old_venv_note(venv)
@@ -158,16 +180,21 @@ def ensure_venv(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
             die(f"{venv}: {e}")
         # Keep the release of the base's line that is there.
         wanted = [r for r in wanted if not r.startswith("torch=")]
+    # And this checkout's package, in place: a venv that another checkout installed its own into
+    # (--venv), or that has an older pyproject.toml, is installed into again.
+    wanted += ["-e", str(REPO)]
     stamp_file = venv / ".torch_overlay_requirements"
-    stamp = hashlib.sha256("\n".join(wanted).encode()).hexdigest()
+    stamp = hashlib.sha256(
+        "\n".join(wanted + [PYPROJECT.read_text()]).encode()
+    ).hexdigest()
     if version is not None and stamp_file.is_file() and stamp_file.read_text() == stamp:
         return python
     if version is None:
         progress(
-            f"installing torch {base.torch} (with its CUDA packages, about 5 GB for 2.1.2) and the test tools"
+            f"installing torch {base.torch} (with its CUDA packages, about 5 GB for 2.1.2), the test tools and {REPO}"
         )
     else:
-        progress(f"installing the test tools next to torch {version}")
+        progress(f"installing the test tools and {REPO} next to torch {version}")
     if (
         run(
             [

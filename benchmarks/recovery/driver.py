@@ -48,6 +48,9 @@ def worker_command(
     """Returns the start of the command line of worker ``module`` (worker_replica, ...), and
     sets in ``env`` what it needs: the repository on its path; on stock torch, the wheel's
     own files; with ``python``, another venv's interpreter (its torch is stock)."""
+    # The overlay venv has this package installed, but neither torchft-nightly's venv nor a
+    # stock process (python -S skips site-packages, where it is installed) can import it, and
+    # the workers import examples/, which is not in it.
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO), env.get("PYTHONPATH")])
     )

@@ -75,6 +75,8 @@ def use_stock_files() -> None:
             f"python -S: set {SITE_PACKAGES_ENV} to the overlay venv's site-packages (command() does)"
         )
     site_packages = pathlib.Path(os.environ[SITE_PACKAGES_ENV])
+    # Not the project's imports (the driver puts the repository on PYTHONPATH): torch's, from
+    # the site-packages that -S left out, without running its .pth files.
     sys.path.append(str(site_packages))
     manifest = json.loads((site_packages / PACKAGE / "manifest.json").read_text())
     originals = {}

@@ -13,10 +13,9 @@ import sys
 
 import pytest
 import torch
+from benchmarks.recovery import stock_torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from benchmarks.recovery import stock_torch  # noqa: E402
 
 # One rank: what the series changes in the hook is the order of its own steps, not the
 # collectives' pairing.
@@ -59,6 +58,8 @@ print(json.dumps(steps))
 def run(kind: str) -> list:
     env = dict(os.environ)
     command = stock_torch.command(env) if kind == "stock" else [sys.executable]
+    # The stock process (python -S) skips site-packages, where this package is installed:
+    # it imports benchmarks from the repository.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     result = subprocess.run(
         [*command, "-c", RUN, kind],

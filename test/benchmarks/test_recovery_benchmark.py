@@ -19,11 +19,11 @@ import sys
 import pytest
 import torch.distributed as dist
 
+from benchmarks.recovery.cells import CALL_MODES, GOALS
+from benchmarks.recovery.driver import TORCHFT_NIGHTLY_VENV
+from benchmarks.recovery.report import markdown
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from benchmarks.recovery.cells import CALL_MODES, GOALS  # noqa: E402
-from benchmarks.recovery.driver import TORCHFT_NIGHTLY_VENV  # noqa: E402
-from benchmarks.recovery.report import markdown  # noqa: E402
 
 # What the runs need; the arithmetic of the verdicts needs neither.
 MISSING = (

@@ -6,21 +6,20 @@ import ctypes
 import json
 import pathlib
 import shutil
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from benchmarks.recovery import (  # noqa: E402
+from benchmarks.recovery import (
     analysis,
     driver as driver_module,
     instructions,
     report,
     results,
 )
-from benchmarks.recovery.events import error_path  # noqa: E402
-from benchmarks.recovery.membership import HeartbeatDetector  # noqa: E402
+from benchmarks.recovery.events import error_path
+from benchmarks.recovery.membership import HeartbeatDetector
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 RESULTS = REPO / "benchmarks" / "results" / results.FILE_NAME
 

@@ -6,12 +6,12 @@ import pathlib
 import subprocess
 import sys
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-import torch.nn.parallel.distributed as series_distributed  # noqa: E402
-from benchmarks.recovery import stock_torch  # noqa: E402
+import torch.nn.parallel.distributed as series_distributed
+from benchmarks.recovery import stock_torch
 
-# What a process reports of its DDP module.
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# What a process reports of its DDP module. python -S skips site-packages, and with them the
+# installed package: the process imports benchmarks from the repository, put on its path here.
 REPORT = f"""
 import json, sys
 sys.path.insert(0, {str(REPO)!r})

@@ -59,17 +59,39 @@ def stand_in(path: str) -> str:
     return "".join(text)
 
 
-def load_script(name: str):
-    """scripts/NAME (a file without .py) as a module, for its functions."""
-    scripts = str(REPO / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)  # where the scripts import _common from
-    loader = importlib.machinery.SourceFileLoader(name, str(REPO / "scripts" / name))
+# The modules of scripts/ that the scripts import from their own folder, each after those it imports.
+SCRIPT_HELPERS = ("_common", "_checkout", "_stack")
+
+
+def load_module(path: pathlib.Path, name: str, register: bool = False):
+    """Load the file ``path`` (with or without .py) as the module ``name``, for its functions.
+
+    With ``register``, it goes into sys.modules once, so that what imports ``name`` later, as
+    the scripts import their helpers from their own folder, gets this module.
+    """
+    if register and name in sys.modules:
+        return sys.modules[name]
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
     spec = importlib.util.spec_from_loader(name, loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
     loader.exec_module(module)
     return module
+
+
+def load_helper(name: str):
+    """Load scripts/NAME.py, one of SCRIPT_HELPERS, as the scripts import it."""
+    for helper in SCRIPT_HELPERS[: SCRIPT_HELPERS.index(name) + 1]:
+        load_module(REPO / "scripts" / f"{helper}.py", helper, register=True)
+    return sys.modules[name]
+
+
+def load_script(name: str):
+    """Load scripts/NAME (a file without .py) as a module, for its functions."""
+    load_helper(SCRIPT_HELPERS[-1])  # and those before it
+    return load_module(REPO / "scripts" / name, name)
 
 
 def fake_command(bin_dir, name, body="exit 0"):

@@ -10,11 +10,20 @@ import sys
 
 import pytest
 
-from conftest import BASE, fake_command, git, GIT, load_script, PATCHES, REPO, USER
+from conftest import (
+    BASE,
+    fake_command,
+    git,
+    GIT,
+    load_helper,
+    load_script,
+    PATCHES,
+    REPO,
+    USER,
+)
 from torch_overlay import bases
 
-sys.path.insert(0, str(REPO / "scripts"))
-import _checkout  # noqa: E402
+_checkout = load_helper("_checkout")
 
 
 def _header(patch: pathlib.Path, field: str) -> str:

@@ -13,15 +13,22 @@ import tomllib
 import pytest
 import unidiff
 
-from conftest import BASE, git, GIT, PATCHES, REPO
+from conftest import BASE, git, GIT, load_module, PATCHES, REPO
 
 LINTER = REPO / "tools" / "linter"
-sys.path.insert(0, str(LINTER))
-import checkers  # noqa: E402
-import patch_series  # noqa: E402
-import text_linter  # noqa: E402
-import ufmt_linter  # noqa: E402
-from lint_message import LintMessage, LintSeverity  # noqa: E402
+# As lintrunner runs them, the linters import their shared modules (lint_message, checkers)
+# from their own folder: each is loaded under its name, after those that it imports.
+lint_message, checkers, patch_series, text_linter, ufmt_linter = (
+    load_module(LINTER / f"{name}.py", name, register=True)
+    for name in (
+        "lint_message",
+        "checkers",
+        "patch_series",
+        "text_linter",
+        "ufmt_linter",
+    )
+)
+LintMessage, LintSeverity = lint_message.LintMessage, lint_message.LintSeverity
 
 REAL = sorted(PATCHES.glob("*.patch"))
 HEADER = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001

@@ -35,26 +35,17 @@ import os
 import pathlib
 import re
 import subprocess
-import sys
 import tempfile
 from typing import Dict, List, Optional, Set, Tuple
 
 import unidiff
 
+# From this script's folder, as lintrunner runs it; torch_overlay is the package that
+# scripts/lint's venv, where this runs (lintrunner's python3), has installed.
 from checkers import clang_format_messages, flake8, ufmt_format
 from lint_message import argument_parser, lint_and_emit, LintMessage, LintSeverity, REPO
-
-sys.path.insert(0, str(REPO))
-from torch_overlay import (  # noqa: E402
-    bases,
-    build,
-    callers,
-    carriage,
-    install,
-    series,
-    wheel,
-)
-from torch_overlay.reporting import OverlayError  # noqa: E402
+from torch_overlay import bases, build, callers, carriage, install, series, wheel
+from torch_overlay.reporting import OverlayError
 
 CODE = "PATCHES"
 TEST_PLAN = re.compile(r"^Test Plan:", re.M)
