@@ -63,7 +63,7 @@ PATHS = ("a", "a_sync", "b", "c", "d")
 VOCAB = 1024
 SEQUENCE = 32
 
-# What path a should achieve; see goals().
+# What path a should achieve; see judge_goals().
 GOALS = {
     "call_us": 1000.0,  # the _update_process_group call, at every size and world
     "call_growth": 1.5,  # the call at the largest size measured over the smallest, per world
@@ -118,7 +118,7 @@ class LanguageModel(nn.Module):
 # The ranks
 
 
-def compiled_graphs() -> int:
+def count_compiled_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
@@ -127,7 +127,7 @@ def reset_peak_rss() -> None:
         f.write("5")
 
 
-def peak_rss_mb() -> float:
+def read_peak_rss_mb() -> float:
     with open("/proc/self/status") as f:
         return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) / 1024
 
@@ -138,15 +138,15 @@ def reset_peaks(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def peaks(device: torch.device) -> dict:
-    """Peak RSS, and on CUDA the peak memory allocated, since reset_peaks()."""
-    found = {"peak_rss_mb": peak_rss_mb()}
+def read_peaks(device: torch.device) -> dict:
+    """Read the peak RSS, and on CUDA the peak memory allocated, since reset_peaks()."""
+    found = {"peak_rss_mb": read_peak_rss_mb()}
     if device.type == "cuda":
         found["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     return found
 
 
-def group_backend(args) -> str:
+def find_group_backend(args) -> str:
     if args.group_backend:
         return args.group_backend
     if args.device == "cuda" and args.world <= torch.cuda.device_count():
@@ -174,7 +174,7 @@ class Rank:
             dist.destroy_process_group()
         self.generation += 1
         dist.init_process_group(
-            group_backend(self.args),
+            find_group_backend(self.args),
             store=dist.PrefixStore(
                 f"{self.args.session}/{self.args.role}/{self.generation}", self.store
             ),
@@ -187,13 +187,13 @@ class Rank:
         self.ddp = DistributedDataParallel(self.module, device_ids=device_ids)
         self.compiled = torch.compile(self.ddp, backend=self.args.backend)
 
-    def new_optimizer(self, state=None) -> None:
+    def make_optimizer(self, state=None) -> None:
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=1e-4)
         if state is not None:
             self.optimizer.load_state_dict(state)
 
     def step(self) -> float:
-        """One training step; returns its wall time in seconds."""
+        """Run one training step; return its wall time in seconds."""
         gen = torch.Generator().manual_seed(1000 * self.step_index + self.args.rank)
         tokens = torch.randint(0, VOCAB, (2, SEQUENCE + 1), generator=gen).to(
             self.device
@@ -209,10 +209,10 @@ class Rank:
         return time.perf_counter() - start
 
     def change(self, path: str) -> dict:
-        """Goes through a membership change by ``path``, up to the end of the first step."""
+        """Go through a membership change by ``path``, up to the end of the first step."""
         dist.barrier()
         reset_peaks(self.device)
-        graphs = compiled_graphs()
+        graphs = count_compiled_graphs()
         # DDP holds the last reference to the group that init_group() destroys, so the call
         # would free it: ProcessGroupGloo's destructor joins its threads. Held here, that is
         # timed apart from the call, and still counts in resume_s.
@@ -244,7 +244,7 @@ class Rank:
             self.module = LanguageModel(SIZES[self.args.size]).to(self.device)
             self.module.load_state_dict(state)
             self.wrap()
-            self.new_optimizer(optimizer_state)
+            self.make_optimizer(optimizer_state)
         first_step_s = self.step()
         resume_s = time.perf_counter() - start
         return {
@@ -252,25 +252,27 @@ class Rank:
             "call_s": call_s,
             "old_group_free_s": old_group_free_s,
             "first_step_s": first_step_s,
-            "graphs_compiled": compiled_graphs() - graphs,
-            **peaks(self.device),
+            "graphs_compiled": count_compiled_graphs() - graphs,
+            **read_peaks(self.device),
         }
 
 
 def run_rank(args) -> dict:
-    """The in-process paths: warm up, measure the steady state, then change again and again."""
+    """Run the in-process paths: warm up, measure the steady state, then change again and again."""
     store = dist.TCPStore(
         args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=600)
     )
     rank = Rank(args, store)
     rank.init_group()
     rank.wrap()
-    rank.new_optimizer()
+    rank.make_optimizer()
     for _ in range(args.warmup):
         rank.step()
     reset_peaks(rank.device)
     steady = statistics.median([rank.step() for _ in range(args.steady_steps)])
-    steady_peaks = {f"steady_{key}": value for key, value in peaks(rank.device).items()}
+    steady_peaks = {
+        f"steady_{key}": value for key, value in read_peaks(rank.device).items()
+    }
     paths = [path for path in IN_PROCESS_PATHS if path in args.paths]
     changes: Dict[str, List[dict]] = {path: [] for path in paths}
     # One path's changes after the other's, in IN_PROCESS_PATHS order: d leaves its old
@@ -300,7 +302,7 @@ def run_rank(args) -> dict:
 
 
 def run_restarted_rank(args) -> dict:
-    """Path c, in a process the launcher started at args.started (time.time())."""
+    """Run path c, in a process the launcher started at args.started (time.time())."""
     store = dist.TCPStore(
         args.host, args.port, is_master=False, timeout=datetime.timedelta(seconds=600)
     )
@@ -309,15 +311,15 @@ def run_restarted_rank(args) -> dict:
     rank.module.load_state_dict(checkpoint["model"])
     rank.init_group()
     rank.wrap()
-    rank.new_optimizer(checkpoint["optimizer"])
+    rank.make_optimizer(checkpoint["optimizer"])
     first_step_s = rank.step()
     resume_s = time.time() - args.started
     result = {
         "resume_s": resume_s,
         "call_s": None,
         "first_step_s": first_step_s,
-        "graphs_compiled": compiled_graphs(),
-        **peaks(rank.device),
+        "graphs_compiled": count_compiled_graphs(),
+        **read_peaks(rank.device),
     }
     dist.destroy_process_group()
     return result
@@ -331,7 +333,7 @@ class ConfigurationFailed(Exception):
 
 
 def launch(args, role: str, session: str, store, checkpoint: str) -> List[dict]:
-    """Starts args.world ranks in ``role``, waits for them, and returns their results by rank."""
+    """Start args.world ranks in ``role``, wait for them, and return their results by rank."""
     started = time.time()
     procs = []
     for rank in range(args.world):
@@ -393,9 +395,9 @@ def launch(args, role: str, session: str, store, checkpoint: str) -> List[dict]:
 
 
 def summarize(per_rank: List[List[dict]]) -> dict:
-    """One path's repeats on every rank: the slowest rank of each repeat, then the median repeat."""
+    """Summarize one path's repeats on every rank: the slowest rank of each repeat, then the median repeat."""
 
-    def median(key, pick=max):
+    def take_median(key, pick=max):
         values = [pick(r[i][key] for r in per_rank) for i in range(len(per_rank[0]))]
         return statistics.median(values)
 
@@ -407,21 +409,21 @@ def summarize(per_rank: List[List[dict]]) -> dict:
         if c.get("old_group_free_s") is not None
     ]
     summary = {
-        "resume_s": median("resume_s"),
+        "resume_s": take_median("resume_s"),
         "call_us": statistics.median(calls) * 1e6 if calls else None,
         "old_group_free_us": statistics.median(frees) * 1e6 if frees else None,
-        "first_step_s": median("first_step_s"),
-        "graphs_compiled": median("graphs_compiled"),
-        "peak_rss_mb": median("peak_rss_mb"),
+        "first_step_s": take_median("first_step_s"),
+        "graphs_compiled": take_median("graphs_compiled"),
+        "peak_rss_mb": take_median("peak_rss_mb"),
         "repeats": len(per_rank[0]),
     }
     if "peak_cuda_mb" in per_rank[0][0]:
-        summary["peak_cuda_mb"] = median("peak_cuda_mb")
+        summary["peak_cuda_mb"] = take_median("peak_cuda_mb")
     return summary
 
 
 def measure(args, store) -> dict:
-    """Every path for args.world and args.size."""
+    """Measure every path for args.world and args.size."""
     session = f"w{args.world}-{args.size}"
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = os.path.join(tmp, "checkpoint.pt")
@@ -468,7 +470,7 @@ def measure(args, store) -> dict:
         "world": args.world,
         "size": args.size,
         "parameters": params,
-        "group_backend": group_backend(args),
+        "group_backend": find_group_backend(args),
         "repeats": args.repeats,
         "restarts": args.restarts if "c" in args.paths else 0,
         "steady_step_s": steady,
@@ -477,15 +479,17 @@ def measure(args, store) -> dict:
     }
 
 
-def table(results: List[dict]) -> str:
-    """One line per configuration and path. Entries written before a field existed show n/a."""
+def format_table(results: List[dict]) -> str:
+    """Format one line per configuration and path. Entries written before a field existed show n/a."""
 
-    def cell(value, spec: str, width: int) -> str:
+    def format_cell(value, spec: str, width: int) -> str:
         return f"{value:{width}{spec}}" if value is not None else f"{'n/a':>{width}}"
 
-    def ratio(value, width: int) -> str:
+    def format_ratio(value, width: int) -> str:
         # Two decimals where they matter (near 1), fewer for c's and d's hundreds and thousands.
-        return cell(value, ".2f" if value is None or value < 100 else ".0f", width)
+        return format_cell(
+            value, ".2f" if value is None or value < 100 else ".0f", width
+        )
 
     cuda = any(
         "peak_cuda_mb" in p
@@ -510,19 +514,19 @@ def table(results: List[dict]) -> str:
             call = f"{p['call_us']:7.0f}" if p["call_us"] is not None else f"{'':7}"
             line = (
                 f"{r['world']:5d} {r['parameters'] / 1e6:6.1f}M {name:6} {p['resume_s']:9.3f} {p['over_a']:7.1f} "
-                f"{cell(overhead, '.1f', 8)} {call} {ratio(p['first_step_over_steady'], 6)} "
-                f"{p['graphs_compiled']:6.0f} {p['peak_rss_mb']:6.0f} {ratio(p.get('peak_rss_over_steady'), 6)}"
+                f"{format_cell(overhead, '.1f', 8)} {call} {format_ratio(p['first_step_over_steady'], 6)} "
+                f"{p['graphs_compiled']:6.0f} {p['peak_rss_mb']:6.0f} {format_ratio(p.get('peak_rss_over_steady'), 6)}"
             )
             if cuda:
-                line += f" {cell(p.get('peak_cuda_mb'), '.0f', 7)} {ratio(p.get('peak_cuda_over_steady'), 7)}"
+                line += f" {format_cell(p.get('peak_cuda_mb'), '.0f', 7)} {format_ratio(p.get('peak_cuda_over_steady'), 7)}"
             lines.append(line)
     legend = "ovh: resume less a steady step; 1st/st, RSS/st: first step, peak RSS over the steady's"
     lines.append(legend + ("; CUDA: peak memory allocated" if cuda else ""))
     return "\n".join(lines)
 
 
-def goals(results: List[dict]) -> List[dict]:
-    """Whether path a meets GOALS in ``results``: one dict per goal, with ``met`` True, False, or
+def judge_goals(results: List[dict]) -> List[dict]:
+    """Judge whether path a meets GOALS in ``results``: one dict per goal, with ``met`` True, False, or
     None when nothing measured it (configurations that failed, or entries written before the field
     existed, are left out and counted in ``detail``). Reported, never asserted."""
     measured = sorted(
@@ -530,10 +534,10 @@ def goals(results: List[dict]) -> List[dict]:
         key=lambda r: (r["world"], r["parameters"]),
     )
 
-    def where(r) -> str:
+    def describe_config(r) -> str:
         return f"{r['world']} ranks {r['size']}"
 
-    def at_every(key: str, limit: float, text: str, unit: str, spec: str) -> dict:
+    def judge_at_every(key: str, limit: float, text: str, unit: str, spec: str) -> dict:
         rows = [r for r in measured if r["paths"]["a"].get(key) is not None]
         skipped = len(measured) - len(rows)
         goal = {
@@ -547,16 +551,17 @@ def goals(results: List[dict]) -> List[dict]:
             return {**goal, "met": None, "detail": detail}
         worst = max(rows, key=lambda r: r["paths"]["a"][key])
         over = [r for r in rows if r["paths"]["a"][key] > limit]
-        detail = f"max {worst['paths']['a'][key]:{spec}}{unit} at {where(worst)}, of {len(rows)} configurations"
+        detail = f"max {worst['paths']['a'][key]:{spec}}{unit} at {describe_config(worst)}, of {len(rows)} configurations"
         if over:
             detail += "; over: " + ", ".join(
-                f"{where(r)} ({r['paths']['a'][key]:{spec}}{unit})" for r in over
+                f"{describe_config(r)} ({r['paths']['a'][key]:{spec}}{unit})"
+                for r in over
             )
         if skipped:
             detail += f"; n/a for {skipped} older entries"
         return {**goal, "met": not over, "detail": detail}
 
-    summary = [at_every("call_us", GOALS["call_us"], "call", " us", ".0f")]
+    summary = [judge_at_every("call_us", GOALS["call_us"], "call", " us", ".0f")]
     growth_limit = GOALS["call_growth"]
     worlds = sorted({r["world"] for r in measured})
     growth = []
@@ -590,7 +595,7 @@ def goals(results: List[dict]) -> List[dict]:
         )
     summary += growth
     summary.append(
-        at_every(
+        judge_at_every(
             "first_step_over_steady",
             GOALS["first_step_over_steady"],
             "first step / steady step",
@@ -599,7 +604,7 @@ def goals(results: List[dict]) -> List[dict]:
         )
     )
     summary.append(
-        at_every(
+        judge_at_every(
             "peak_rss_over_steady",
             GOALS["peak_rss_over_steady"],
             "peak RSS / steady state's",
@@ -609,7 +614,7 @@ def goals(results: List[dict]) -> List[dict]:
     )
     if any("peak_cuda_over_steady" in r["paths"]["a"] for r in measured):
         summary.append(
-            at_every(
+            judge_at_every(
                 "peak_cuda_over_steady",
                 GOALS["peak_cuda_over_steady"],
                 "peak CUDA memory / steady state's",
@@ -620,7 +625,7 @@ def goals(results: List[dict]) -> List[dict]:
     return summary
 
 
-def goals_text(summary: List[dict]) -> str:
+def format_goals(summary: List[dict]) -> str:
     verdicts = {True: "met", False: "NOT MET", None: "n/a"}
     lines = ["goals (reported, not asserted):"]
     lines += [f"  {verdicts[g['met']]:7} {g['goal']}: {g['detail']}" for g in summary]
@@ -818,7 +823,7 @@ def main() -> int:
         args.world, args.size = world, size
         print(
             f"[benchmark] {i}/{len(configs)}: {world} ranks, {size} parameters, backend {args.backend}, "
-            f"{group_backend(args)} on {args.device}",
+            f"{find_group_backend(args)} on {args.device}",
             flush=True,
         )
         try:
@@ -830,10 +835,10 @@ def main() -> int:
             report["results"].append({"world": world, "size": size, "error": str(e)})
         # Written after every configuration, so that a long run keeps what it measured.
         report["results"].sort(key=lambda r: (r["world"], list(SIZES).index(r["size"])))
-        report["goals"] = goals(report["results"])
+        report["goals"] = judge_goals(report["results"])
         json_path.write_text(json.dumps(report, indent=1) + "\n")
-    print(table(report["results"]))
-    print(goals_text(report["goals"]))
+    print(format_table(report["results"]))
+    print(format_goals(report["goals"]))
     where = f"{report['gpu']}, CUDA" if args.device == "cuda" else "CPU"
     title = f"torch {torch.__version__} on {where}, compiled with {args.backend}"
     plot(report["results"], title, args.out / "resume_after_membership_change.png")

@@ -40,13 +40,13 @@ class Collective:
     received: int
 
 
-def _done(tensors):
+def _complete_at_once(tensors):
     future = torch.futures.Future()
     future.set_result(tensors)
     return _create_work_from_future(future)
 
 
-def _size(tensors) -> int:
+def _count_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -62,26 +62,28 @@ class SimulatedGroup(dist.ProcessGroup):
         return "simulated"
 
     def broadcast(self, tensors, opts=None):
-        self.recorded.append(Collective("broadcast", 0, _size(tensors)))
-        return _done(tensors)
+        self.recorded.append(Collective("broadcast", 0, _count_bytes(tensors)))
+        return _complete_at_once(tensors)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         for outputs, tensor in zip(output_tensors, input_tensors):
             for output in outputs:
                 output.copy_(tensor)
-        sent = _size(input_tensors)
+        sent = _count_bytes(input_tensors)
         self.recorded.append(Collective("allgather", sent, sent * self.size()))
-        return _done(output_tensors)
+        return _complete_at_once(output_tensors)
 
     def allreduce(self, tensors, opts=None):
         for tensor in tensors:
             tensor.mul_(self.size())
-        self.recorded.append(Collective("allreduce", _size(tensors), _size(tensors)))
-        return _done(tensors)
+        self.recorded.append(
+            Collective("allreduce", _count_bytes(tensors), _count_bytes(tensors))
+        )
+        return _complete_at_once(tensors)
 
 
 def make_ddp(parameters: int) -> DistributedDataParallel:
-    """DDP on a one-rank Gloo group, past the iteration that rebuilds its buckets, with
+    """Make DDP on a one-rank Gloo group, past the iteration that rebuilds its buckets, with
     ``parameters`` parameters (Linear(4, 4) layers, a weight and a bias each)."""
     if not dist.is_initialized():
         dist.init_process_group(
@@ -100,7 +102,7 @@ def make_ddp(parameters: int) -> DistributedDataParallel:
 def measure(
     ddp: DistributedDataParallel, ranks: int, repeats: int, sync_module_states: bool
 ) -> Dict:
-    """Returns the rounds, payloads and local time of a call onto ``ranks`` simulated ranks."""
+    """Return the rounds, payloads and local time of a call onto ``ranks`` simulated ranks."""
     times, recorded = [], []
     for _ in range(repeats):
         group = SimulatedGroup(ranks)
@@ -120,8 +122,8 @@ def measure(
     }
 
 
-def table(rows: List[Dict]) -> str:
-    """Returns ``rows`` as a markdown table."""
+def format_table(rows: List[Dict]) -> str:
+    """Format ``rows`` as a markdown table."""
     lines = [
         "| ranks | parameters | sync_module_states | rounds | sent per rank | received per rank | call (local) |",
         "| ---: | ---: | --- | ---: | ---: | ---: | ---: |",
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
     args.output.write_text(
         json.dumps({"torch": torch.__version__, "rows": rows}, indent=1) + "\n"
     )
-    print(table(rows))
+    print(format_table(rows))
     dist.destroy_process_group()
     return 0
 

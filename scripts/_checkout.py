@@ -30,7 +30,7 @@ AM_HINTS = re.compile(r"git am --(continue|skip|abort|show-current-patch)|advice
 
 
 def has_the_api(ddp_source: str) -> bool:
-    """Whether a distributed.py already defines DistributedDataParallel._update_process_group."""
+    """Tell whether a distributed.py already defines DistributedDataParallel._update_process_group."""
     return "def _update_process_group(" in ddp_source
 
 
@@ -38,8 +38,8 @@ class CheckoutError(Exception):
     """The checkout cannot be used as asked; the message says why."""
 
 
-def patch_files(base: bases.Base) -> List[pathlib.Path]:
-    """The series of ``base``, in order."""
+def list_patch_files(base: bases.Base) -> List[pathlib.Path]:
+    """Return the series of ``base``, in order."""
     directory = base.patches(_common.REPO)
     patches = sorted(directory.glob("*.patch"))
     if not patches:
@@ -49,8 +49,8 @@ def patch_files(base: bases.Base) -> List[pathlib.Path]:
     return patches
 
 
-def tree_state(base: bases.Base, version: str, ddp_source: str) -> str:
-    """What a tree at ``version`` whose distributed.py is ``ddp_source`` is to ``base``'s series,
+def classify_tree(base: bases.Base, version: str, ddp_source: str) -> str:
+    """Tell what a tree at ``version`` whose distributed.py is ``ddp_source`` is to ``base``'s series,
     when the series is not applied: "upstream" (the tree has the API, which the series adds)
     or "base" (the series is for this tree). Raises CheckoutError for any other tree."""
     api = has_the_api(ddp_source)
@@ -123,7 +123,7 @@ def parse_rejection(patch: str, output: str) -> Rejection:
     return Rejection(patch, match.group("file") if match else "", "", output.strip())
 
 
-def first_rejected_hunk(
+def find_first_rejected_hunk(
     tree: pathlib.Path, patches: List[pathlib.Path]
 ) -> Optional[Rejection]:
     """Apply the series to HEAD in a throwaway index, without merging: the first hunk that fails."""
@@ -160,28 +160,28 @@ class Checkout:
     def version(self) -> str:
         return (self.path / "version.txt").read_text().strip()
 
-    def branch(self) -> Optional[str]:
-        """The checked-out branch; None on a detached HEAD."""
+    def read_branch(self) -> Optional[str]:
+        """Return the checked-out branch; None on a detached HEAD."""
         result = git(
             self.path, "symbolic-ref", "--quiet", "--short", "HEAD", check=False
         )
         return result.stdout.strip() if result.returncode == 0 else None
 
-    def uncommitted_changes(self) -> str:
-        """``git status --porcelain`` of the tracked files: empty when there are none."""
+    def list_uncommitted_changes(self) -> str:
+        """Return ``git status --porcelain`` of the tracked files: empty when there are none."""
         return git(
             self.path, "status", "--porcelain", "--untracked-files=no"
         ).stdout.strip()
 
     def require_clean(self) -> None:
-        dirty = self.uncommitted_changes()
+        dirty = self.list_uncommitted_changes()
         if dirty:
             raise CheckoutError(
                 f"{self.path} has uncommitted changes; commit or stash them first:\n{dirty}"
             )
 
-    def untracked_in_the_way(self, patches: List[pathlib.Path]) -> List[str]:
-        """The files the series creates that are already in the work tree, untracked: `git am` stops at them.
+    def list_untracked_in_the_way(self, patches: List[pathlib.Path]) -> List[str]:
+        """Return the files the series creates that are already in the work tree, untracked: `git am` stops at them.
 
         Ignored files are not in the way: git overwrites them.
         """
@@ -194,7 +194,7 @@ class Checkout:
         ).stdout.split()
 
     def is_applied(self, patches: List[pathlib.Path]) -> bool:
-        """Whether HEAD already has the series: it reverse-applies, tried in a throwaway index."""
+        """Tell whether HEAD already has the series: it reverse-applies, tried in a throwaway index."""
         with tempfile.TemporaryDirectory() as tmp:
             env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
             git(self.path, "read-tree", "HEAD", env=env)
@@ -211,8 +211,8 @@ class Checkout:
                     return False
         return True
 
-    def applied_prefix(self, patches: List[pathlib.Path]) -> int:
-        """How many of the series' first patches HEAD holds: the longest run from the first that reverse-applies."""
+    def count_applied_patches(self, patches: List[pathlib.Path]) -> int:
+        """Count how many of the series' first patches HEAD holds: the longest run from the first that reverse-applies."""
         return next(
             (
                 count
@@ -247,31 +247,32 @@ class Checkout:
                     check=False,
                 )
 
-    def state(self, base: bases.Base, patches: List[pathlib.Path]) -> str:
-        """ "applied" (``base``'s series is at HEAD), "partly applied" (its first patches are, as
-        :meth:`applied_prefix` counts), or what :func:`tree_state` says of the tree: "upstream" or
-        "base"; raises CheckoutError for a tree the series is not for."""
-        applied = self.applied_prefix(patches)
+    def read_state(self, base: bases.Base, patches: List[pathlib.Path]) -> str:
+        """Return "applied" (``base``'s series is at HEAD), "partly applied" (its first patches
+        are, as :meth:`count_applied_patches` counts), or what :func:`classify_tree` says of the
+        tree: "upstream" or "base"; raise CheckoutError for a tree the series is not for.
+        """
+        applied = self.count_applied_patches(patches)
         if applied == len(patches):
             return "applied"
         if applied:
             # The first patches reverse-apply; the tree must still be one the series is for.
             try:
                 if base.has_api:
-                    tree_state(base, self.version, (self.path / DDP).read_text())
+                    classify_tree(base, self.version, (self.path / DDP).read_text())
                 else:
                     base.check(self.version)
             except (CheckoutError, bases.UnsupportedTorch) as e:
                 raise CheckoutError(f"{self.path}: {e}") from e
             return "partly applied"
         try:
-            return tree_state(base, self.version, (self.path / DDP).read_text())
+            return classify_tree(base, self.version, (self.path / DDP).read_text())
         except CheckoutError as e:
             raise CheckoutError(f"{self.path}: {e}") from e
 
 
 def am(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
-    """``git am --3way`` the series onto ``tree``'s HEAD, keeping subjects such as "[c10d] ...".
+    """Apply the series onto ``tree``'s HEAD with ``git am --3way``, keeping subjects such as "[c10d] ...".
 
     On failure, aborts so that ``tree`` is as it was, and returns where it stopped.
     """
@@ -293,7 +294,7 @@ def am(tree: pathlib.Path, patches: List[pathlib.Path]) -> Optional[Rejection]:
     git(tree, "am", "--abort", check=False)
     rejection = parse_rejection(failed, output)
     # A three-way merge names only the file; the plain apply names the hunk.
-    hunk = first_rejected_hunk(tree, patches)
+    hunk = find_first_rejected_hunk(tree, patches)
     if hunk is not None and hunk.file == rejection.file:
         rejection.line = hunk.line
     return rejection

@@ -57,7 +57,7 @@ def die(message: str, code: int = 2) -> NoReturn:
 
 
 def print_warning(message: str) -> None:
-    """What die() says, as a warning that does not stop the script."""
+    """Say what die() says, as a warning that does not stop the script."""
     print(
         f"{pathlib.Path(sys.argv[0]).name}: warning: {message}",
         file=sys.stderr,
@@ -70,15 +70,15 @@ def add_base_argument(
 ) -> None:
     parser.add_argument(
         "--base",
-        type=base_type,
+        type=parse_base,
         default=bases.get(default),
         metavar="BASE",
         help=f"{help}: {', '.join(bases.BASES)} (default: {default})",
     )
 
 
-def base_type(name: str) -> bases.Base:
-    """argparse type: a base by name."""
+def parse_base(name: str) -> bases.Base:
+    """Return the base called ``name``: the argparse type of --base."""
     import argparse
 
     try:
@@ -91,12 +91,12 @@ def base_type(name: str) -> bases.Base:
 OLD_VENV = REPO / ".venv"
 
 
-def default_venv(base: bases.Base) -> pathlib.Path:
+def find_default_venv(base: bases.Base) -> pathlib.Path:
     return base.venv(REPO)
 
 
 def add_venv_argument(parser) -> None:
-    """--venv and --base; resolve the venv with :func:`venv_of` after parsing."""
+    """Add --venv and --base; resolve the venv with :func:`choose_venv` after parsing."""
     add_base_argument(parser)
     parser.add_argument(
         "--venv",
@@ -104,20 +104,20 @@ def add_venv_argument(parser) -> None:
         default=None,
         help=(
             "the overlay virtual environment, whose torch must be the base's (default: "
-            f".venv-BASE at the repo root, e.g. {default_venv(bases.get(None)).relative_to(REPO)})"
+            f".venv-BASE at the repo root, e.g. {find_default_venv(bases.get(None)).relative_to(REPO)})"
         ),
     )
 
 
-def venv_of(args) -> pathlib.Path:
-    return args.venv if args.venv is not None else default_venv(args.base)
+def choose_venv(args) -> pathlib.Path:
+    return args.venv if args.venv is not None else find_default_venv(args.base)
 
 
-def venv_python(venv: pathlib.Path) -> pathlib.Path:
+def find_venv_python(venv: pathlib.Path) -> pathlib.Path:
     return venv / "bin" / "python"
 
 
-def venv_env(extra: Optional[dict] = None, *, venv: pathlib.Path) -> dict:
+def make_venv_env(extra: Optional[dict] = None, *, venv: pathlib.Path) -> dict:
     """Return the environment for running the venv's tools on this repository's code, which
     ensure_venv installed into the venv."""
     env = dict(os.environ)
@@ -127,11 +127,11 @@ def venv_env(extra: Optional[dict] = None, *, venv: pathlib.Path) -> dict:
 
 
 def run(cmd: Sequence[object], **kwargs) -> subprocess.CompletedProcess:
-    """subprocess.run with every argument (str, Path, ...) turned into a string."""
+    """Run subprocess.run with every argument (str, Path, ...) turned into a string."""
     return subprocess.run([str(c) for c in cmd], **kwargs)
 
 
-def installed_torch_version(python: pathlib.Path) -> Optional[str]:
+def read_torch_version(python: pathlib.Path) -> Optional[str]:
     result = run(
         [python, "-c", "import importlib.metadata as m; print(m.version('torch'))"],
         capture_output=True,
@@ -140,7 +140,7 @@ def installed_torch_version(python: pathlib.Path) -> Optional[str]:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def requirements(base: bases.Base) -> List[str]:
+def list_requirements(base: bases.Base) -> List[str]:
     lines = (
         line.split("#")[0].strip()
         for f in REQUIREMENTS
@@ -149,10 +149,10 @@ def requirements(base: bases.Base) -> List[str]:
     return list(base.requirements) + [line for line in lines if line]
 
 
-def old_venv_note(venv: pathlib.Path, old: pathlib.Path = OLD_VENV) -> str:
-    """What to say where ``venv`` is about to be made and ``old`` is still there: the
+def describe_old_venv(venv: pathlib.Path, old: pathlib.Path = OLD_VENV) -> str:
+    """Return what to say where ``venv`` is about to be made and ``old`` is still there: the
     unnumbered venv of a checkout from before the venvs were named after their bases."""
-    if not venv_python(old).exists() or venv == old:
+    if not find_venv_python(old).exists() or venv == old:
         return ""
     return (
         f"{old} is not used any more: each base has its own venv, .venv-BASE. Creating {venv}; "
@@ -163,16 +163,16 @@ def old_venv_note(venv: pathlib.Path, old: pathlib.Path = OLD_VENV) -> str:
 def ensure_venv(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
     """Create the venv if it is missing, install ``base``'s requirements and this checkout's
     package into it, and return its python."""
-    python = venv_python(venv)
+    python = find_venv_python(venv)
     if not python.exists():
-        note = old_venv_note(venv)
+        note = describe_old_venv(venv)
         if note:
             print_warning(note)
         progress(f"creating the virtual environment {venv}")
         if run([sys.executable, "-m", "venv", venv]).returncode != 0:
             die(f"could not create a virtual environment at {venv}")
-    version = installed_torch_version(python)
-    wanted = requirements(base)
+    version = read_torch_version(python)
+    wanted = list_requirements(base)
     if version is not None:
         try:
             base.check(version)
@@ -214,23 +214,24 @@ def ensure_venv(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
     return python
 
 
-def overlay_command(
+def make_overlay_command(
     python: pathlib.Path, action: str, base: bases.Base, repo: pathlib.Path = REPO
 ) -> List[object]:
-    """``python -m torch_overlay ACTION`` for ``base``'s series in ``repo``."""
+    """Return ``python -m torch_overlay ACTION`` for ``base``'s series in ``repo``."""
     return [python, "-m", "torch_overlay", action, "--repo", repo, "--base", base.name]
 
 
-def overlay(python: pathlib.Path, action: str, base: bases.Base) -> int:
+def run_overlay(python: pathlib.Path, action: str, base: bases.Base) -> int:
     """Run ``python -m torch_overlay ACTION`` for this repository and ``base`` inside the venv."""
     return run(
-        overlay_command(python, action, base), env=venv_env(venv=python.parent.parent)
+        make_overlay_command(python, action, base),
+        env=make_venv_env(venv=python.parent.parent),
     ).returncode
 
 
 def ensure_overlay(venv: pathlib.Path, base: bases.Base) -> pathlib.Path:
-    """The venv with ``base``'s overlay installed and up to date with its series; returns its python."""
+    """Make sure the venv has ``base``'s overlay, up to date with its series; return its python."""
     python = ensure_venv(venv, base)
-    if overlay(python, "install", base) != 0:
+    if run_overlay(python, "install", base) != 0:
         die("the overlay could not be installed; see above")
     return python

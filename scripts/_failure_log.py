@@ -25,7 +25,7 @@ def pytest_configure(config):
         config.pluginmanager.register(FailureLog(path), "failure_log")
 
 
-def last_line(message: str) -> str:
+def take_last_line(message: str) -> str:
     return next(
         (line.strip() for line in reversed(message.splitlines()) if line.strip()), ""
     )
@@ -39,7 +39,7 @@ class FailureLog:
         if report.outcome not in ("failed", "rerun"):
             return
         crash = getattr(report.longrepr, "reprcrash", None)
-        cause = last_line(crash.message if crash else str(report.longrepr))
+        cause = take_last_line(crash.message if crash else str(report.longrepr))
         with open(self.path, "a") as f:
             f.write(
                 json.dumps(

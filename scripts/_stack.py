@@ -18,16 +18,16 @@ _FILE_DIFF = re.compile(r"^diff --git a/(?P<path>\S+) b/", re.M)
 TEST_PATHS = ("test/", "torch/testing/")
 
 
-def patches(repo: pathlib.Path, base: bases.Base) -> List[pathlib.Path]:
+def list_patches(repo: pathlib.Path, base: bases.Base) -> List[pathlib.Path]:
     return sorted(base.patches(repo).glob("*.patch"))
 
 
-def changed_paths(patch: pathlib.Path) -> List[str]:
+def list_changed_paths(patch: pathlib.Path) -> List[str]:
     return [m.group("path") for m in _FILE_DIFF.finditer(patch.read_text())]
 
 
-def test_hunks(patch: pathlib.Path) -> str:
-    """``patch`` with only the diffs of its test files: what "its parent plus its own tests" applies."""
+def keep_test_hunks(patch: pathlib.Path) -> str:
+    """Return ``patch`` with only the diffs of its test files: what "its parent plus its own tests" applies."""
     text = patch.read_text()
     starts = [m.start() for m in _FILE_DIFF.finditer(text)]
     parts = [text[i:j] for i, j in zip([0] + starts, starts + [len(text)])]
@@ -47,7 +47,7 @@ def write_series(
     target.mkdir(parents=True)
     for i, patch in enumerate(series):
         text = (
-            test_hunks(patch)
+            keep_test_hunks(patch)
             if last_tests_only and i == len(series) - 1
             else patch.read_text()
         )

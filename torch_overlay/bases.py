@@ -71,15 +71,15 @@ class Base:
         return repo / "patches" / self.name
 
     def tests(self, repo: pathlib.Path) -> pathlib.Path:
-        """Where ``repo`` keeps the files that this base's series adds under test/distributed/."""
+        """Return where ``repo`` keeps the files that this base's series adds under test/distributed/."""
         return repo / "test" / "distributed" / self.name
 
     def test_file(self, repo: pathlib.Path) -> pathlib.Path:
-        """This base's copy of :data:`TEST_FILE`, byte for byte what its series adds."""
+        """Return this base's copy of :data:`TEST_FILE`, byte for byte what its series adds."""
         return self.repo_path(repo, TEST_FILE)
 
     def repo_path(self, repo: pathlib.Path, tree_path: str) -> pathlib.Path:
-        """Where ``repo`` keeps the file that the series adds at ``tree_path`` under test/distributed/."""
+        """Return where ``repo`` keeps the file that the series adds at ``tree_path`` under test/distributed/."""
         prefix = "test/distributed/"
         if not tree_path.startswith(prefix):
             raise ValueError(f"{tree_path} is not under {prefix}")
@@ -90,12 +90,12 @@ class Base:
         if not self.last_fix:
             raise UnsupportedTorch(f"the {self.name} series marks no patches as fixes")
         try:
-            return commits.patches_through(self.patches(repo), self.last_fix)
+            return commits.list_patches_through(self.patches(repo), self.last_fix)
         except commits.UnknownCommit as e:
             raise UnsupportedTorch(f"the {self.name} series' last fix: {e}") from None
 
     def venv(self, repo: pathlib.Path) -> pathlib.Path:
-        """The overlay venv of this base: .venv-<base> (.venv-v2.1.2, .venv-v2.14.1), for every
+        """Return the overlay venv of this base: .venv-<base> (.venv-v2.1.2, .venv-v2.14.1), for every
         base alike, so that no name stands for whichever torch the default base has."""
         return repo / f".venv-{self.name}"
 
@@ -180,7 +180,7 @@ TOOL_TESTS_BASE = ADDS_API
 
 
 def get(name: Optional[str]) -> Base:
-    """The base called ``name`` (the default base for None)."""
+    """Return the base called ``name`` (the default base for None)."""
     try:
         return BASES[name or DEFAULT]
     except KeyError:

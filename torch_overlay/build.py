@@ -18,7 +18,7 @@ OVERLAY_DIR = pathlib.Path(__file__).resolve().parent
 
 
 def describe_torch() -> str:
-    """What an extension built here is only good for: this torch and this Python."""
+    """Describe what an extension built here is only good for: this torch and this Python."""
     return importlib.metadata.version("torch") + "\0" + sys.version
 
 

@@ -227,7 +227,7 @@ def find_references(
     return found
 
 
-def _cache_file(library: pathlib.Path, symbol: str) -> pathlib.Path:
+def _locate_cache_file(library: pathlib.Path, symbol: str) -> pathlib.Path:
     """Return where the references of ``library`` to ``symbol`` are kept.
 
     Disassembling libtorch_cpu.so takes minutes; its references depend only on
@@ -241,7 +241,7 @@ def _cache_file(library: pathlib.Path, symbol: str) -> pathlib.Path:
 
 
 def _read_cached(library: pathlib.Path, symbol: str) -> Optional[List[Reference]]:
-    path = _cache_file(library, symbol)
+    path = _locate_cache_file(library, symbol)
     if not path.is_file():
         return None
     return [Reference(**fields) for fields in json.loads(path.read_text())]
@@ -250,14 +250,14 @@ def _read_cached(library: pathlib.Path, symbol: str) -> Optional[List[Reference]
 def _write_cached(
     library: pathlib.Path, symbol: str, references: List[Reference]
 ) -> None:
-    path = _cache_file(library, symbol)
+    path = _locate_cache_file(library, symbol)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps([dataclasses.asdict(r) for r in references]))
     partial.replace(path)
 
 
-def unsound_redirects(
+def find_unsound_redirects(
     lib_dir: pathlib.Path, symbols: Sequence[str]
 ) -> Dict[str, List[Reference]]:
     """Return, for each symbol to redirect, the references that no relocation carries.
@@ -273,7 +273,7 @@ def unsound_redirects(
     }
 
 
-def unsound_binding_replacements(
+def find_unsound_binding_replacements(
     lib_dir: pathlib.Path, symbols: Sequence[str]
 ) -> Dict[str, List[Reference]]:
     """Return, for each symbol whose binding the overlay replaces, its callers but that binding.

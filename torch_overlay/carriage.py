@@ -31,7 +31,7 @@ class Carriage:
     through_binding: List[str]
 
 
-def stock_symbol(renamed: str) -> str:
+def find_stock_symbol(renamed: str) -> str:
     """Return libtorch's name of the function that the extension compiled as ``renamed``.
 
     _ZN4c10d7Reducer29_overlay_replaced_reset_stateEv names
@@ -95,7 +95,7 @@ def decide_carriage(
                     f"the extension does not define {function.name} under its renamed "
                     f"name once ({sorted(mine)})"
                 )
-            stock = stock_symbol(mine[0])
+            stock = find_stock_symbol(mine[0])
             if stock in defined and function.lines[0].patch is None:
                 redirected.append(stock)
                 continue
@@ -119,8 +119,10 @@ def check_carriage(torch: Torch, carriage: Carriage) -> None:
     lib_dir = torch.site_packages / "torch" / "lib"
     try:
         found = {
-            **callers.unsound_redirects(lib_dir, carriage.redirected),
-            **callers.unsound_binding_replacements(lib_dir, carriage.through_binding),
+            **callers.find_unsound_redirects(lib_dir, carriage.redirected),
+            **callers.find_unsound_binding_replacements(
+                lib_dir, carriage.through_binding
+            ),
         }
     except callers.CallersError as e:
         raise OverlayError(

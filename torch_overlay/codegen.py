@@ -148,7 +148,7 @@ def _shim_struct(qualified: str) -> str:
     return "TorchOverlayAddedMembersOf" + qualified.split("::")[-1]
 
 
-def _namespace_of(qualified: str) -> str:
+def _find_namespace(qualified: str) -> str:
     return qualified.rsplit("::", 1)[0]
 
 
@@ -180,17 +180,17 @@ def _generate_shims(members: Sequence[AddedMember]) -> List[str]:
         if "::" not in owner:
             raise CodegenError(f"{owner}: a class outside a namespace")
         parts += [
-            f"namespace {_namespace_of(owner)} {{",
+            f"namespace {_find_namespace(owner)} {{",
             f"// The data members that the series adds to {owner}: see Note [Shims].",
             f"struct {_shim_struct(owner)} {{",
             *(f"  {item.member.text}" for item in items),
             "};",
             f"{_shim_struct(owner)}& torch_overlay_added_members(",
             f"    const {owner.split('::')[-1]}* object);",
-            f"}} // namespace {_namespace_of(owner)}",
+            f"}} // namespace {_find_namespace(owner)}",
         ]
     for item in members:
-        namespace = _namespace_of(item.member.owner)
+        namespace = _find_namespace(item.member.owner)
         parts.append(
             f"#define {item.member.name} "
             f"(::{namespace}::torch_overlay_added_members(this).{item.member.name})"
@@ -204,7 +204,7 @@ def _generate_shim_storage(members: Sequence[AddedMember]) -> List[str]:
     parts = []
     for n, owner in enumerate(owners):
         namespace, name, struct = (
-            _namespace_of(owner),
+            _find_namespace(owner),
             owner.split("::")[-1],
             _shim_struct(owner),
         )
@@ -242,7 +242,7 @@ def _generate_shim_storage(members: Sequence[AddedMember]) -> List[str]:
     return parts
 
 
-def _parameter_names(head: str, name: str) -> List[str]:
+def _list_parameter_names(head: str, name: str) -> List[str]:
     """Return the names of the parameters of the definition whose head is ``head``."""
     start = head.index(name + "(") + len(name) + 1
     depth, end = 1, start
@@ -277,7 +277,7 @@ def _generate_prologue(n: int, target: PrologueTarget) -> List[str]:
         raise CodegenError(f"the head of {prologue.name} does not name it: {head!r}")
     arguments = ", ".join(
         f"std::forward<decltype({p})>({p})"
-        for p in _parameter_names(head, prologue.name)
+        for p in _list_parameter_names(head, prologue.name)
     )
     declaration = head.replace(prologue.name + "(", "run(", 1).rstrip().rstrip("{")
     definition = head.replace(prologue.name + "(", "Carrier::run(", 1)

@@ -64,7 +64,7 @@ def find_patch(patches_dir: pathlib.Path, subject: str) -> pathlib.Path:
     raise UnknownCommit(f"no patch in {patches_dir} has the subject {subject!r}{hint}")
 
 
-def patches_through(patches_dir: pathlib.Path, subject: str) -> List[pathlib.Path]:
+def list_patches_through(patches_dir: pathlib.Path, subject: str) -> List[pathlib.Path]:
     """Return the series in ``patches_dir`` from its first patch up to the one whose subject is ``subject``."""
     last = find_patch(patches_dir, subject)
     patches = list_patches(patches_dir)

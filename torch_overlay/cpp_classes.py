@@ -109,7 +109,7 @@ def _blank_out(text: str) -> str:
     return "".join(out)
 
 
-def _line_of(text: str, position: int) -> int:
+def _find_line(text: str, position: int) -> int:
     return text.count("\n", 0, position) + 1
 
 
@@ -127,7 +127,7 @@ def scan(text: str) -> Tuple[List[CppClass], List[DataMember]]:
         outer = next((s[1] for s in reversed(stack) if s[0] != "other"), "")
         return "::".join(filter(None, [outer, name]))
 
-    def in_class_body() -> bool:
+    def is_in_class_body() -> bool:
         return bool(stack) and stack[-1][0] == "class"
 
     i = 0
@@ -151,7 +151,7 @@ def scan(text: str) -> Tuple[List[CppClass], List[DataMember]]:
                 )
                 stack.append(("class", qualified, i, bases))
                 statement_start = i + 1
-            elif in_class_body() and (
+            elif is_in_class_body() and (
                 "(" not in head.split("=")[0] or head.count("(") > head.count(")")
             ):
                 # A brace initializer, of a data member or of a default argument:
@@ -167,22 +167,22 @@ def scan(text: str) -> Tuple[List[CppClass], List[DataMember]]:
                 statement_start = i + 1
         elif c == "}":
             if not stack:
-                raise ClassesError(f"an unbalanced }} at line {_line_of(text, i)}")
+                raise ClassesError(f"an unbalanced }} at line {_find_line(text, i)}")
             closed = stack.pop()
             if closed[0] == "class":
                 classes.append(
                     CppClass(
                         qualified=closed[1],
                         bases=closed[3],
-                        first_line=_line_of(text, closed[2]),
-                        last_line=_line_of(text, i),
+                        first_line=_find_line(text, closed[2]),
+                        last_line=_find_line(text, i),
                     )
                 )
             statement_start = i + 1
         elif c == ";":
-            if in_class_body():
+            if is_in_class_body():
                 nested = any(s[0] == "class" for s in stack[:-1])
-                member = _data_member(
+                member = _parse_data_member(
                     text, code, statement_start, i, stack[-1][1], nested
                 )
                 if member is not None:
@@ -190,7 +190,7 @@ def scan(text: str) -> Tuple[List[CppClass], List[DataMember]]:
             statement_start = i + 1
         elif (
             c == ":"
-            and in_class_body()
+            and is_in_class_body()
             and _ACCESS.match(code[statement_start : i + 1])
         ):
             statement_start = i + 1
@@ -198,7 +198,7 @@ def scan(text: str) -> Tuple[List[CppClass], List[DataMember]]:
     return classes, members
 
 
-def _data_member(
+def _parse_data_member(
     text: str, code: str, start: int, end: int, owner: str, nested: bool
 ) -> Optional[DataMember]:
     """Return the data member that the declaration ``code[start:end]`` declares, or None."""
@@ -213,7 +213,7 @@ def _data_member(
     declared = _DECLARED_NAME.search(without_initializer.strip())
     if declared is None:
         raise ClassesError(
-            f"cannot tell what the declaration at line {_line_of(text, start)} of "
+            f"cannot tell what the declaration at line {_find_line(text, start)} of "
             f"{owner} declares: {declaration[:80]!r}"
         )
     first = start + len(code[start:end]) - len(code[start:end].lstrip())
@@ -222,12 +222,12 @@ def _data_member(
         nested=nested,
         name=declared["name"],
         text=text[first : end + 1].strip(),
-        first_line=_line_of(text, first),
-        last_line=_line_of(text, end),
+        first_line=_find_line(text, first),
+        last_line=_find_line(text, end),
     )
 
 
-def _added_lines(stock: str, patched: str) -> Set[int]:
+def _find_added_lines(stock: str, patched: str) -> Set[int]:
     """Return the 1-based numbers of the lines of ``patched`` that are not ``stock``'s."""
     matcher = difflib.SequenceMatcher(
         None, stock.splitlines(), patched.splitlines(), autojunk=False
@@ -239,7 +239,7 @@ def _added_lines(stock: str, patched: str) -> Set[int]:
     return added
 
 
-def _layout_key(member: DataMember) -> Tuple[str, str, str]:
+def _make_layout_key(member: DataMember) -> Tuple[str, str, str]:
     """Return what decides a member's place in its class's layout.
 
     Its class, name and declaration, less a ``const`` on its type, which a
@@ -266,9 +266,9 @@ def find_added_members(header: str, stock: str, patched: str) -> List[AddedMembe
     # A class that the series adds has no layout that libtorch was compiled with.
     compiled = {c.qualified for c in stock_classes}
     patched_members = [m for m in patched_members if m.owner in compiled]
-    added_lines = _added_lines(stock, patched)
-    before = {_layout_key(m) for m in stock_members}
-    after = {_layout_key(m) for m in patched_members}
+    added_lines = _find_added_lines(stock, patched)
+    before = {_make_layout_key(m) for m in stock_members}
+    after = {_make_layout_key(m) for m in patched_members}
     for owner, name, declaration in sorted(before - after):
         raise ClassesError(
             f"{header}: the series changes or removes the data member {owner}::{name} "
@@ -278,7 +278,7 @@ def find_added_members(header: str, stock: str, patched: str) -> List[AddedMembe
     added: List[AddedMember] = []
     for member in patched_members:
         lines = set(range(member.first_line, member.last_line + 1))
-        if _layout_key(member) in before:
+        if _make_layout_key(member) in before:
             continue
         if member.nested:
             raise ClassesError(
@@ -297,10 +297,10 @@ def find_added_members(header: str, stock: str, patched: str) -> List[AddedMembe
     code = _blank_out(patched)
     for item in added:
         uses = [
-            _line_of(patched, m.start())
+            _find_line(patched, m.start())
             for m in re.finditer(rf"\b{re.escape(item.member.name)}\b", code)
             if not item.member.first_line
-            <= _line_of(patched, m.start())
+            <= _find_line(patched, m.start())
             <= item.member.last_line
         ]
         if uses:

@@ -6,7 +6,7 @@ patch, with where each came from: the base file, or a patch of the series.
 A hunk that changes a function of the base file must show it whole, before
 and after (the series' ``.cpp`` diffs are made with ``git format-patch
 --function-context``), and so must one that adds a function. From the lines
-known at the end, :func:`whole_changes` takes each changed or added function
+known at the end, :func:`find_whole_changes` takes each changed or added function
 whole, and :func:`prologues` the statements that the series adds at the start
 of a function that the overlay cannot compile.
 """
@@ -116,7 +116,7 @@ class Prologue:
     first_line: int  # where they start in the file that the whole series patches
 
 
-def target_path(patched_file: unidiff.PatchedFile) -> str:
+def find_target_path(patched_file: unidiff.PatchedFile) -> str:
     """Return the path that a file diff of a patch writes, relative to the tree."""
     return (
         patched_file.target_file[2:]
@@ -135,7 +135,7 @@ def _starts_definition(lines: List[str], i: int) -> bool:
     )
 
 
-def _function_spans(lines: List[str]) -> List[Tuple[int, int]]:
+def _find_function_spans(lines: List[str]) -> List[Tuple[int, int]]:
     """Return the [first, last] indices of the function definitions that ``lines`` show whole."""
     spans, start = [], None
     for i, line in enumerate(lines):
@@ -147,7 +147,7 @@ def _function_spans(lines: List[str]) -> List[Tuple[int, int]]:
     return spans
 
 
-def _definition_name(lines: List[str], i: int) -> str:
+def _read_definition_name(lines: List[str], i: int) -> str:
     """Return the qualified name of the definition that starts at ``lines[i]``."""
     match = _DEFINITION.match(lines[i])
     if match:
@@ -176,10 +176,11 @@ def _check_changed_function(
         i for i, line in enumerate(source_lines) if line.source_line_no == base_line_no
     ]
     target = [line.value for line in hunk if not line.is_removed]
-    spans = _function_spans(source)
-    changed = {_definition_name(source, first) for first, _ in spans}
+    spans = _find_function_spans(source)
+    changed = {_read_definition_name(source, first) for first, _ in spans}
     replacing = {
-        _definition_name(target, first) for first, _ in _function_spans(target)
+        _read_definition_name(target, first)
+        for first, _ in _find_function_spans(target)
     }
     enclosing = [
         first for first, last in spans if any(first <= i <= last for i in removed)
@@ -192,10 +193,10 @@ def _check_changed_function(
             + FUNCTION_CONTEXT_HINT
             + "."
         )
-    return _definition_name(source, enclosing[0])
+    return _read_definition_name(source, enclosing[0])
 
 
-def _changed_binding(
+def _check_changed_binding(
     patch_name: str,
     patched_file: unidiff.PatchedFile,
     hunk: unidiff.Hunk,
@@ -252,7 +253,11 @@ def apply_hunks(
                 assert line.source_line_no is not None  # removed lines have one
                 removed = known.get(line.source_line_no)
                 if removed is None or removed.patch is None:
-                    check = _changed_binding if is_bindings else _check_changed_function
+                    check = (
+                        _check_changed_binding
+                        if is_bindings
+                        else _check_changed_function
+                    )
                     changed.add(
                         check(patch_name, patched_file, hunk, line.source_line_no)
                     )
@@ -279,7 +284,7 @@ def apply_hunks(
     return after
 
 
-def _runs(known: Dict[int, KnownLine]) -> List[List[int]]:
+def _group_runs(known: Dict[int, KnownLine]) -> List[List[int]]:
     """Return the line numbers of ``known`` as runs of consecutive ones."""
     runs: List[List[int]] = []
     for n in sorted(known):
@@ -290,7 +295,7 @@ def _runs(known: Dict[int, KnownLine]) -> List[List[int]]:
     return runs
 
 
-def whole_changes(
+def find_whole_changes(
     path: str, known: Dict[int, KnownLine], changed: Set[str]
 ) -> Tuple[List[WholeFunction], List[Declaration]]:
     """Return the functions that the series changes or adds, whole, and the constants it adds.
@@ -307,14 +312,14 @@ def whole_changes(
     """
     functions: List[WholeFunction] = []
     taken: Set[int] = set()
-    for run in _runs(known):
+    for run in _group_runs(known):
         texts = [known[n].text for n in run]
-        for first, last in _function_spans(texts):
+        for first, last in _find_function_spans(texts):
             lines = tuple(known[n] for n in run[first : last + 1])
             patches = [line.patch for line in lines if line.patch is not None]
             if not patches:
                 continue  # context that no patch changed
-            name = _definition_name(texts, first)
+            name = _read_definition_name(texts, first)
             taken.update(run[first : last + 1])
             functions.append(
                 WholeFunction(
@@ -357,7 +362,7 @@ def whole_changes(
     return functions, declarations
 
 
-def as_prologue(function: WholeFunction, changed: Set[str]) -> Prologue:
+def make_prologue(function: WholeFunction, changed: Set[str]) -> Prologue:
     """Return the statements that ``function`` of a file the overlay cannot compile gains at its start.
 
     Raises SeriesError unless the series only inserts lines right after the
@@ -421,7 +426,7 @@ def _split_arguments(text: str) -> List[str]:
     return arguments
 
 
-def bindings(known: Dict[int, KnownLine], changed: Set[str]) -> List[Binding]:
+def find_bindings(known: Dict[int, KnownLine], changed: Set[str]) -> List[Binding]:
     """Return the `.def(` blocks of init.cpp that the series adds, or changes (``changed``).
 
     Each must lie whole among the lines the hunks show; the class it binds
@@ -429,7 +434,7 @@ def bindings(known: Dict[int, KnownLine], changed: Set[str]) -> List[Binding]:
     parameter, or the class of its member function pointer).
     """
     found = []
-    for run in _runs(known):
+    for run in _group_runs(known):
         texts = [known[n].text for n in run]
         for i, text in enumerate(texts):
             if not _DEF_OPEN.match(text) or i + 1 >= len(texts):

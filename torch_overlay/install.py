@@ -29,7 +29,12 @@ from typing import Callable, Dict, List, Optional
 from torch_overlay import bases, build, callers, carriage, codegen, cpp_classes, wheel
 from torch_overlay.cpp_classes import AddedMember
 from torch_overlay.reporting import OverlayError, progress
-from torch_overlay.series import HEADER_SUFFIXES, installed_path, read_series, Series
+from torch_overlay.series import (
+    find_installed_path,
+    HEADER_SUFFIXES,
+    read_series,
+    Series,
+)
 from torch_overlay.wheel import sha256, Torch
 
 PACKAGE = "_ddp_update_process_group_overlay"
@@ -42,7 +47,7 @@ DDP_MODULE = "torch/nn/parallel/distributed.py"
 
 
 def generate_extension_loader(torch_version: str) -> str:
-    """What the overlay appends to the installed distributed.py of torch ``torch_version``."""
+    """Return what the overlay appends to the installed distributed.py of torch ``torch_version``."""
     stock = torch_version.split("+")[0]
     return f"""
 
@@ -87,7 +92,7 @@ class Manifest:
 
 
 def compute_stamp(series: Series) -> str:
-    h = hashlib.sha256(series.digest().encode())
+    h = hashlib.sha256(series.compute_digest().encode())
     for source in sorted(build.OVERLAY_DIR.iterdir()):
         if source.suffix in OVERLAY_SOURCE_SUFFIXES:
             h.update(source.name.encode() + b"\0" + source.read_bytes())
@@ -102,7 +107,7 @@ def read_originals(torch: Torch, applied: List[str]) -> Dict[str, bytes]:
     manifest = Manifest.read(torch.site_packages)
     result = {}
     for repo_path in applied:
-        installed = installed_path(repo_path)
+        installed = find_installed_path(repo_path)
         if manifest is not None and installed in manifest.files:
             data = (torch.site_packages / PACKAGE / "backup" / installed).read_bytes()
         else:
@@ -184,7 +189,7 @@ def install(
 
     sources = read_originals(torch, series.applied)
     # What an earlier series patched and this one does not goes back to the wheel's bytes.
-    newly_applied = {installed_path(p) for p in series.applied}
+    newly_applied = {find_installed_path(p) for p in series.applied}
     dropped = {
         installed: (torch.site_packages / PACKAGE / "backup" / installed).read_bytes()
         for installed in (manifest.files if manifest is not None else {})
@@ -211,7 +216,7 @@ def install(
             if not (include / header).is_file():
                 (include / header).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(
-                    torch.site_packages / installed_path(header),
+                    torch.site_packages / find_installed_path(header),
                     include / header,
                 )
         built = builder(include, series, members)
@@ -224,7 +229,7 @@ def install(
         shutil.copy2(built, package_new / built.name)
         files = {}
         for repo_path, data in sources.items():
-            installed = installed_path(repo_path)
+            installed = find_installed_path(repo_path)
             backup = package_new / "backup" / installed
             backup.parent.mkdir(parents=True, exist_ok=True)
             backup.write_bytes(data)
@@ -239,13 +244,17 @@ def install(
             for installed, data in dropped.items():
                 write_atomically(torch.site_packages / installed, data)
             for repo_path, data in patched.items():
-                write_atomically(torch.site_packages / installed_path(repo_path), data)
+                write_atomically(
+                    torch.site_packages / find_installed_path(repo_path), data
+                )
             shutil.rmtree(torch.site_packages / PACKAGE, ignore_errors=True)
             package_new.rename(torch.site_packages / PACKAGE)
             (torch.site_packages / (PACKAGE + ".pth")).write_text(f"import {PACKAGE}\n")
         except BaseException:
             for repo_path, data in sources.items():
-                write_atomically(torch.site_packages / installed_path(repo_path), data)
+                write_atomically(
+                    torch.site_packages / find_installed_path(repo_path), data
+                )
             for installed, data in dropped.items():
                 write_atomically(torch.site_packages / installed, data)
             shutil.rmtree(package_new, ignore_errors=True)
@@ -263,7 +272,7 @@ def install(
 def read_base_series(
     repo: pathlib.Path, torch: Torch, base: bases.Base, fixes_only: bool
 ) -> Series:
-    """``base``'s series in ``repo``, or its fixes alone."""
+    """Read ``base``'s series in ``repo``, or its fixes alone."""
     try:
         count = len(base.fix_patches(repo)) if fixes_only else None
     except bases.UnsupportedTorch as e:
@@ -318,7 +327,7 @@ def write_atomically(path: pathlib.Path, data: bytes) -> None:
 
 
 def find_problems(torch: Torch, manifest: Manifest) -> List[str]:
-    """What differs between the installed overlay and its manifest."""
+    """Return what differs between the installed overlay and its manifest."""
     found = []
     package = torch.site_packages / PACKAGE
     if not list(package.glob("_C*.so")):

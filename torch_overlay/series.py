@@ -38,15 +38,15 @@ import unidiff
 
 from torch_overlay.cpp_hunks import (
     apply_hunks,
-    as_prologue,
     Binding,
-    bindings,
     Declaration,
+    find_bindings,
+    find_target_path,
+    find_whole_changes,
     KnownLine,
+    make_prologue,
     Prologue,
     SeriesError,
-    target_path,
-    whole_changes,
     WholeFunction,
 )
 
@@ -88,7 +88,7 @@ class Series:
         """Return the names of the methods that the series binds."""
         return [b.name for b in self.bindings]
 
-    def digest(self) -> str:
+    def compute_digest(self) -> str:
         """Return a digest of the patches, names and contents."""
         h = hashlib.sha256()
         for p in self.patches:
@@ -96,15 +96,15 @@ class Series:
         return h.hexdigest()
 
 
-def patch_files(patches_dir: pathlib.Path) -> List[pathlib.Path]:
+def list_patch_files(patches_dir: pathlib.Path) -> List[pathlib.Path]:
     patches = sorted(patches_dir.glob("*.patch"))
     if not patches:
         raise SeriesError(f"no *.patch files in {patches_dir}")
     return patches
 
 
-def installed_path(repo_path: str) -> str:
-    """Where the wheel installs a file of the source tree, relative to site-packages."""
+def find_installed_path(repo_path: str) -> str:
+    """Return where the wheel installs a file of the source tree, relative to site-packages."""
     if repo_path.endswith(HEADER_SUFFIXES):
         return "torch/include/" + repo_path
     return repo_path
@@ -131,7 +131,7 @@ def read_series(
         SeriesError: a file of the series fits no role, or a hunk of a source the
             wheel lacks changes what the overlay cannot carry (see the roles).
     """
-    patches = patch_files(patches_dir)[:count]
+    patches = list_patch_files(patches_dir)[:count]
     applied: List[str] = []
     known: Dict[str, Dict[int, KnownLine]] = defaultdict(dict)
     changed: Dict[str, Set[str]] = defaultdict(set)
@@ -143,7 +143,7 @@ def read_series(
         if not len(patch_set):
             raise SeriesError(f"{patch.name}: changes no file")
         for patched_file in patch_set:
-            path = target_path(patched_file)
+            path = find_target_path(patched_file)
             if path.startswith("test/"):
                 continue
             if is_source_only(path):
@@ -154,7 +154,7 @@ def read_series(
                     changed[path],
                     is_bindings=path == INIT_CPP,
                 )
-            elif (site_packages / installed_path(path)).is_file():
+            elif (site_packages / find_installed_path(path)).is_file():
                 if path not in applied:
                     applied.append(path)
             else:
@@ -172,7 +172,9 @@ def read_series(
     for path in sorted(known):
         if path == INIT_CPP:
             continue
-        functions, path_declarations = whole_changes(path, known[path], changed[path])
+        functions, path_declarations = find_whole_changes(
+            path, known[path], changed[path]
+        )
         if path in COMPILED:
             declarations += path_declarations
             added += [f for f in functions if not f.changes_base]
@@ -190,7 +192,7 @@ def read_series(
                     f"{path_declarations[0].patch}: it adds a constant to {path}, "
                     "which the overlay cannot compile"
                 )
-            prologues += [as_prologue(f, changed[path]) for f in functions]
+            prologues += [make_prologue(f, changed[path]) for f in functions]
     rebound = changed[INIT_CPP] - {r.binding for r in replaced}
     if rebound:
         raise SeriesError(
@@ -209,6 +211,6 @@ def read_series(
         declarations=declarations,
         replaced=replaced,
         prologues=prologues,
-        bindings=bindings(known[INIT_CPP], changed[INIT_CPP]),
+        bindings=find_bindings(known[INIT_CPP], changed[INIT_CPP]),
         base_lines=base_lines,
     )

@@ -61,7 +61,7 @@ class Torch:
 
     @classmethod
     def at(cls, site_packages: pathlib.Path) -> "Torch":
-        """The torch distribution installed in another environment's ``site_packages``."""
+        """Return the torch distribution installed in another environment's ``site_packages``."""
         found = [
             d
             for d in importlib.metadata.distributions(path=[str(site_packages)])

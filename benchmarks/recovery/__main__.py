@@ -80,7 +80,7 @@ import torch.distributed as dist
 from benchmarks.recovery import instructions, plot, report, results
 from benchmarks.recovery.cells import (
     Cell,
-    detection_of,
+    find_detection,
     GOALS,
     KILL_IN,
     PATH_VERSIONS,
@@ -101,7 +101,7 @@ SKIPPABLE = ("recovery", "steady", "call", "instructions")
 
 
 def parse_arguments() -> argparse.Namespace:
-    """Parses the command line, and checks that what it chooses can run here."""
+    """Parse the command line, and check that what it chooses can run here."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.recovery",
         description=__doc__,
@@ -271,7 +271,7 @@ def parse_arguments() -> argparse.Namespace:
 
 
 def describe_machine() -> dict:
-    """Returns what the file records of the machine: its CPUs, torch's and torchft's versions."""
+    """Return what the file records of the machine: its CPUs, torch's and torchft's versions."""
     return {
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
@@ -281,7 +281,7 @@ def describe_machine() -> dict:
 
 
 def main() -> int:
-    """Measures what the options choose and the file lacks; prints the table, writes the plot."""
+    """Measure what the options choose and the file lacks; print the table, write the plot."""
     args = parse_arguments()
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / results.FILE_NAME
@@ -309,7 +309,7 @@ def main() -> int:
     def measure(
         found: Dict[str, dict], key: str, what: str, function: Callable, failures
     ) -> None:
-        """Runs ``function`` into ``found[key]`` and saves the file, unless an earlier run did."""
+        """Run ``function`` into ``found[key]`` and save the file, unless an earlier run did."""
         if key in found and not args.again:
             progress(
                 f"[{key}] {what}: kept from the run of {found[key].get('date', 'an earlier day')} "
@@ -325,12 +325,12 @@ def main() -> int:
         results.save(data, out)
 
     def measure_runs(cell: Cell, wanted: int) -> None:
-        """Runs ``cell`` until the file has ``wanted`` runs of its path's recovery of now."""
+        """Run ``cell`` until the file has ``wanted`` runs of its path's recovery of now."""
         entry = data["cells"].setdefault(cell.key, {"runs": []})
         version = PATH_VERSIONS[cell.path]
         if args.again:
             entry["runs"] = [r for r in entry["runs"] if r.get("version") != version]
-        have = len(results.current_runs(data, cell.key))
+        have = len(results.select_current_runs(data, cell.key))
         if have >= wanted:
             progress(f"[{cell.key}] kept: {have} runs (--again measures it again)")
             return
@@ -361,7 +361,7 @@ def main() -> int:
             )
             for kill_in, path in itertools.product(args.kill_in, args.paths):
                 for detection in sorted(
-                    {detection_of(path, kill_in, d) for d in args.detection}
+                    {find_detection(path, kill_in, d) for d in args.detection}
                 ):
                     cell = dataclasses.replace(
                         base, path=path, kill_in=kill_in, detection=detection
@@ -392,7 +392,7 @@ def main() -> int:
                 lambda: instructions.measure_instructions(args, size),
                 instructions.CountFailed,
             )
-    print(report.markdown(data))
+    print(report.render_markdown(data))
     plot.plot(data, out.with_suffix(".png"))
     progress(f"wrote {out} and {out.with_suffix('.png')}")
     return 0

@@ -16,7 +16,7 @@ def analyze(
     victim: int,
     detected_at: Optional[int] = None,
 ) -> dict:
-    """Analyzes one run with the fault: its times, discarded attempts, RSS, graphs and schedule."""
+    """Analyze one run with the fault: its times, discarded attempts, RSS, graphs and schedule."""
     kill = next(e for e in events if e["kind"] == "kill")
     completed = [e for e in events if e["kind"] == "step"]
     before = [e for e in completed if e["t"] < kill["t"]]
@@ -116,7 +116,7 @@ def analyze(
 
 
 def compare_finals(run_dir: str, reference_dir: str, world: int) -> dict:
-    """Compares the final parameters with the reference's: the largest difference of a
+    """Compare the final parameters with the reference's: the largest difference of a
     parameter, and the norm of the difference relative to the reference's: Adam turns a
     rounding difference in a gradient near zero into an update of the other sign, so the
     largest difference can be as large as a few updates.
@@ -158,8 +158,8 @@ T975 = {
 }
 
 
-def interval(ratios: List[float]) -> tuple:
-    """Returns the mean ratio and its 95% interval, from the repeats' ratios (a t-interval of their logs)."""
+def estimate_interval(ratios: List[float]) -> tuple:
+    """Return the mean ratio and its 95% interval, from the repeats' ratios (a t-interval of their logs)."""
     logs = [math.log(r) for r in ratios]
     mean = statistics.mean(logs)
     if len(logs) < 2:
@@ -169,8 +169,8 @@ def interval(ratios: List[float]) -> tuple:
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
-def verdict(low: Optional[float], high: Optional[float], limit: float) -> str:
-    """Judges an interval of a ratio against the goal ``limit``."""
+def judge_interval(low: Optional[float], high: Optional[float], limit: float) -> str:
+    """Judge an interval of a ratio against the goal ``limit``."""
     if high is None:
         return "inconclusive"
     return "met" if high <= limit else "not met" if low > limit else "inconclusive"

@@ -74,8 +74,8 @@ class Cell:
         )
 
 
-def detection_of(path: str, kill_in: str, chosen: str) -> str:
-    """Returns who detects the loss in a cell: torchft's lighthouse in torchft; heartbeats for
+def find_detection(path: str, kill_in: str, chosen: str) -> str:
+    """Return who detects the loss in a cell: torchft's lighthouse in torchft; heartbeats for
     a hang, which no exit status shows; else ``chosen``."""
     if path in TORCHFT_PATHS:
         return "lighthouse"

@@ -26,7 +26,7 @@ from benchmarks.recovery.cells import (
     SURVIVORS,
     TORCHFT_PATHS,
 )
-from benchmarks.recovery.events import read_events, recorded_error
+from benchmarks.recovery.events import read_events, read_recorded_error
 from benchmarks.recovery.membership import HeartbeatDetector
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -38,15 +38,15 @@ class RunFailed(Exception):
     pass
 
 
-def worker_command(
+def make_worker_command(
     module: str,
     env: Dict[str, str],
     *,
     stock: bool = False,
     python: Optional[str] = None,
 ) -> List[str]:
-    """Returns the start of the command line of worker ``module`` (worker_replica, ...), and
-    sets in ``env`` what it needs: the repository on its path; on stock torch, the wheel's
+    """Return the start of the command line of worker ``module`` (worker_replica, ...), and
+    set in ``env`` what it needs: the repository on its path; on stock torch, the wheel's
     own files; with ``python``, another venv's interpreter (its torch is stock)."""
     # The overlay venv has this package installed, but neither torchft-nightly's venv nor a
     # stock process (python -S skips site-packages, where it is installed) can import it, and
@@ -58,12 +58,12 @@ def worker_command(
     if python is not None:
         return [python, "-m", name]
     if stock:
-        return stock_torch.command(env) + ["-m", stock_torch.__name__, name]
+        return stock_torch.make_command(env) + ["-m", stock_torch.__name__, name]
     return [sys.executable, "-m", name]
 
 
-def torchft_nightly_python() -> str:
-    """Returns torchft-nightly's venv's interpreter (scripts/benchmark --torchft-nightly makes it)."""
+def find_torchft_nightly_python() -> str:
+    """Return torchft-nightly's venv's interpreter (scripts/benchmark --torchft-nightly makes it)."""
     return str(TORCHFT_NIGHTLY_VENV / "bin" / "python")
 
 
@@ -155,11 +155,11 @@ class Driver:
     ) -> int:
         env = dict(os.environ)
         # torchft's users run stock torch: its DDP subclasses stock DDP here.
-        cmd = worker_command(
+        cmd = make_worker_command(
             "worker_torchft" if path in TORCHFT_PATHS else "worker_replica",
             env,
             stock=path == "torchft",
-            python=torchft_nightly_python() if path == "torchft_nightly" else None,
+            python=find_torchft_nightly_python() if path == "torchft_nightly" else None,
         )
         cmd += [
             "--slot",
@@ -221,7 +221,7 @@ class Driver:
         stderr = tempfile.NamedTemporaryFile("w", dir=self.events_dir, delete=False)
         proc = subprocess.Popen(cmd, env=env, stderr=stderr)
         stderr.close()
-        os.rename(stderr.name, self.stderr_path(proc.pid))
+        os.rename(stderr.name, self.locate_stderr(proc.pid))
         self.procs[proc.pid], self.spawned[proc.pid] = proc, start
         return proc.pid
 
@@ -233,7 +233,7 @@ class Driver:
         restart: int = 0,
         end: Optional[int] = None,
     ) -> None:
-        """Publishes the plan of ``generation``. Where it has joiners, its step is that of the
+        """Publish the plan of ``generation``. Where it has joiners, its step is that of the
         switch to it, and it ends --steps-after-join steps later; else it ends at ``end``
         (restart), or goes on.
         """
@@ -248,13 +248,13 @@ class Driver:
             plan["end"] = end
         self.store.set(f"plan/{generation}", json.dumps(plan))
 
-    def last_error(self, pid: int) -> str:
-        """Returns process ``pid``'s exception, as it recorded it. Where it recorded none (a C++
+    def read_last_error(self, pid: int) -> str:
+        """Return process ``pid``'s exception, as it recorded it. Where it recorded none (a C++
         abort), the last line of its stderr that names an error, else its last line."""
-        recorded = recorded_error(self.events_dir, pid)
+        recorded = read_recorded_error(self.events_dir, pid)
         if recorded is not None:
             return recorded[:300]
-        with open(self.stderr_path(pid)) as f:
+        with open(self.locate_stderr(pid)) as f:
             lines = [line.strip() for line in f if line.strip()]
         errors = [
             line
@@ -263,22 +263,22 @@ class Driver:
         ]
         return (errors or lines or ["nothing on stderr"])[-1][:300]
 
-    def stderr_path(self, pid: int) -> str:
+    def locate_stderr(self, pid: int) -> str:
         return os.path.join(self.events_dir, f"stderr-{pid}.txt")
 
-    def events(self) -> List[dict]:
+    def list_events(self) -> List[dict]:
         return read_events(self.events_dir)
 
-    def completed(self, slots) -> int:
-        """Returns the last step that every process of ``slots`` completed since the fault (-1 if none)."""
+    def find_last_completed_step(self, slots) -> int:
+        """Return the last step that every process of ``slots`` completed since the fault (-1 if none)."""
         last = {}
-        for e in self.events():
+        for e in self.list_events():
             if e["kind"] == "step" and e["slot"] in slots:
                 last[e["slot"]] = max(last.get(e["slot"], -1), e["step"])
         return min(last.get(s, -1) for s in slots)
 
     def wait(self, condition, what: str) -> None:
-        """Waits until ``condition()``; raises RunFailed where a process failed or time ran out."""
+        """Wait until ``condition()``; raise RunFailed where a process failed or time ran out."""
         deadline = time.monotonic() + self.args.timeout * 4
         while not condition():
             failed = {
@@ -290,14 +290,14 @@ class Driver:
                 pid, code = min(failed.items())
                 raise RunFailed(
                     f"processes exited with {sorted(failed.values())} while waiting for {what}; "
-                    f"one with {code}: {self.last_error(pid)}"
+                    f"one with {code}: {self.read_last_error(pid)}"
                 )
             if time.monotonic() > deadline:
                 raise RunFailed(f"timed out waiting for {what}")
             time.sleep(0.005)
 
     def run(self) -> List[dict]:
-        """Runs the cell to its end; returns every process's events."""
+        """Run the cell to its end; return every process's events."""
         try:
             if self.cell.path in TORCHFT_PATHS:
                 self.run_torchft()
@@ -316,9 +316,9 @@ class Driver:
             if failed:
                 raise RunFailed(
                     f"processes exited with {sorted(codes.values())}; one with {codes[failed[0]]}: "
-                    f"{self.last_error(failed[0])}"
+                    f"{self.read_last_error(failed[0])}"
                 )
-            return self.events()
+            return self.list_events()
         finally:
             for p in self.procs.values():
                 if p.poll() is None:
@@ -328,7 +328,7 @@ class Driver:
                 self.lighthouse.shutdown()
 
     def run_reference(self) -> None:
-        """Runs path new_group with the membership schedule of a run: the lost slot leaves at
+        """Run path new_group with the membership schedule of a run: the lost slot leaves at
         its step, the new process joins at its; no process is killed."""
         everyone, survivors = list(range(self.cell.world)), list(
             range(self.cell.world - 1)
@@ -367,7 +367,7 @@ class Driver:
         if self.args.hold_survivors_at_the_kill:
             self.store.set("hold/released", "1")
         self.wait(
-            lambda: self.completed(survivors)
+            lambda: self.find_last_completed_step(survivors)
             >= self.args.kill_step + self.args.join_after,
             "the survivors",
         )
@@ -378,7 +378,7 @@ class Driver:
         pid = self.spawn(self.victim, path, first_generation=REJOINED)
         self.wait(
             lambda: any(
-                e["kind"] == "ready" and e["pid"] == pid for e in self.events()
+                e["kind"] == "ready" and e["pid"] == pid for e in self.list_events()
             ),
             "the new process",
         )
@@ -387,7 +387,7 @@ class Driver:
         self.store.set(f"admit/{SURVIVORS}", "1")
 
     def detect_loss(self, first: Dict[int, int]) -> List[int]:
-        """Waits until the cell's detection finds a member lost; returns the lost slots.
+        """Wait until the cell's detection finds a member lost; return the lost slots.
 
         The local agent sees a process's exit status at once. The heartbeat detector sees
         heartbeats that stopped, after the heartbeat timeout, whatever the cause.
@@ -412,22 +412,22 @@ class Driver:
         )
         found: List[int] = []
 
-        def lost() -> bool:
-            found[:] = detector.lost()
+        def detect_lost() -> bool:
+            found[:] = detector.find_lost()
             return bool(found)
 
-        self.wait(lost, "a member's heartbeats to stop")
+        self.wait(detect_lost, "a member's heartbeats to stop")
         return sorted(found)
 
     def kill_hung_victim(self, first: Dict[int, int]) -> None:
-        """Kills the victim where it hangs: the run is past it, and it must end."""
+        """Kill the victim where it hangs: the run is past it, and it must end."""
         victim = self.procs[first[self.victim]]
         if victim.poll() is None:
             victim.kill()
             victim.wait()
 
     def restart(self, slots: List[int], generation: int, restart: int) -> None:
-        """Kills every process and starts those of ``slots`` again from the checkpoint."""
+        """Kill every process and start those of ``slots`` again from the checkpoint."""
         for p in self.procs.values():
             if p.poll() is None:
                 p.kill()
@@ -463,9 +463,11 @@ class Driver:
         if self.steady:
             return
         # torchft's lighthouse detects the loss; the driver only follows the run.
-        self.wait(lambda: any(e["kind"] == "kill" for e in self.events()), "the kill")
         self.wait(
-            lambda: self.completed(survivors)
+            lambda: any(e["kind"] == "kill" for e in self.list_events()), "the kill"
+        )
+        self.wait(
+            lambda: self.find_last_completed_step(survivors)
             >= self.args.kill_step + self.args.join_after,
             "the survivors",
         )
@@ -473,11 +475,15 @@ class Driver:
         pid = self.spawn(self.victim, self.cell.path, restarted=True)
         # Its first step is everyone's: the run ends a fixed number of steps after it.
         self.wait(
-            lambda: any(e["kind"] == "step" and e["pid"] == pid for e in self.events()),
+            lambda: any(
+                e["kind"] == "step" and e["pid"] == pid for e in self.list_events()
+            ),
             "the new process",
         )
         joined = next(
-            e["step"] for e in self.events() if e["kind"] == "step" and e["pid"] == pid
+            e["step"]
+            for e in self.list_events()
+            if e["kind"] == "step" and e["pid"] == pid
         )
         self.store.set("end", str(joined + self.args.steps_after_join))
 
@@ -485,7 +491,7 @@ class Driver:
 def launch_group(
     args, cell: Cell, module: str, *, stock: bool = False, extra=()
 ) -> List[dict]:
-    """Starts cell.world processes of worker ``module`` with no fault; returns their events."""
+    """Start cell.world processes of worker ``module`` with no fault; return their events."""
     with tempfile.TemporaryDirectory() as workdir:
         store = dist.TCPStore(
             "localhost",
@@ -495,7 +501,7 @@ def launch_group(
             timeout=datetime.timedelta(seconds=args.timeout),
         )
         env = dict(os.environ)
-        python = worker_command(module, env, stock=stock)
+        python = make_worker_command(module, env, stock=stock)
         procs = []
         for slot in range(cell.world):
             cmd = python + [
@@ -517,7 +523,7 @@ def launch_group(
         codes = [p.wait() for p in procs]
         failed = [p.pid for p in procs if p.returncode]
         if failed:
-            error = recorded_error(workdir, failed[0]) or "no error recorded"
+            error = read_recorded_error(workdir, failed[0]) or "no error recorded"
             raise RunFailed(
                 f"the {module} processes exited with {codes}; one with {error}"
             )

@@ -30,7 +30,7 @@ class Events:
 
 
 def read_events(directory: str) -> List[dict]:
-    """Reads every event that the processes of ``directory`` logged, in time order."""
+    """Read every event that the processes of ``directory`` logged, in time order."""
     found = []
     for name in sorted(os.listdir(directory)):
         if name.endswith(".jsonl"):
@@ -39,12 +39,12 @@ def read_events(directory: str) -> List[dict]:
     return sorted(found, key=lambda e: e["t"])
 
 
-def error_path(events_dir: str, pid: int) -> str:
-    """Returns where process ``pid`` records the exception that ended it."""
+def locate_error_file(events_dir: str, pid: int) -> str:
+    """Return where process ``pid`` records the exception that ended it."""
     return os.path.join(events_dir, f"error-{pid}.txt")
 
 
-def recorded_error(events_dir: str, pid: int) -> Optional[str]:
-    """Returns the exception that process ``pid`` recorded, or None where it recorded none."""
-    path = pathlib.Path(error_path(events_dir, pid))
+def read_recorded_error(events_dir: str, pid: int) -> Optional[str]:
+    """Return the exception that process ``pid`` recorded, or None where it recorded none."""
+    path = pathlib.Path(locate_error_file(events_dir, pid))
     return path.read_text() if path.exists() else None

@@ -19,7 +19,7 @@ import tempfile
 from typing import Dict
 
 from benchmarks.recovery.cells import GOALS
-from benchmarks.recovery.driver import worker_command
+from benchmarks.recovery.driver import make_worker_command
 
 HELPER_SOURCE = """
 #include <valgrind/callgrind.h>
@@ -34,7 +34,7 @@ class CountFailed(Exception):
 
 
 def build_helper(directory: pathlib.Path) -> pathlib.Path:
-    """Compiles the client requests into a shared library the worker loads with ctypes."""
+    """Compile the client requests into a shared library the worker loads with ctypes."""
     for tool in ("valgrind", "gcc"):
         if shutil.which(tool) is None:
             raise CountFailed(f"needs {tool} (apt-get install -y valgrind gcc)")
@@ -52,8 +52,8 @@ def build_helper(directory: pathlib.Path) -> pathlib.Path:
     return library
 
 
-def steps_instructions(dump: pathlib.Path) -> int:
-    """Returns the instructions of a callgrind dump (its totals line)."""
+def read_instruction_count(dump: pathlib.Path) -> int:
+    """Return the instructions of a callgrind dump (its totals line)."""
     match = re.search(r"^totals: (\d+)", dump.read_text(), re.M)
     if match is None:
         raise CountFailed(f"{dump} has no totals")
@@ -63,10 +63,10 @@ def steps_instructions(dump: pathlib.Path) -> int:
 def count_once(
     flavor: str, size: str, steps: int, directory: pathlib.Path, helper
 ) -> int:
-    """Returns the instructions of ``steps`` steps in a process of ``flavor``."""
+    """Return the instructions of ``steps`` steps in a process of ``flavor``."""
     run = pathlib.Path(tempfile.mkdtemp(dir=directory))
     env = dict(os.environ)
-    command = worker_command("worker_instructions", env, stock=flavor == "stock")
+    command = make_worker_command("worker_instructions", env, stock=flavor == "stock")
     out = run / "result.json"
     result = subprocess.run(
         [
@@ -101,14 +101,14 @@ def count_once(
     ]
     if len(dumps) != 1:
         raise CountFailed(f"expected one dump of the steps, found {len(dumps)}")
-    return steps_instructions(dumps[0])
+    return read_instruction_count(dumps[0])
 
 
 def time_check(size: str, directory: pathlib.Path) -> dict:
-    """Times the series' forward-pass check in a process of the series, outside valgrind."""
+    """Time the series' forward-pass check in a process of the series, outside valgrind."""
     env = dict(os.environ)
     out = directory / "check.json"
-    command = worker_command("worker_instructions", env)
+    command = make_worker_command("worker_instructions", env)
     result = subprocess.run(
         [*command, "--size", size, "--time-check", "--out", str(out)],
         env=env,
@@ -121,7 +121,7 @@ def time_check(size: str, directory: pathlib.Path) -> dict:
 
 
 def measure_instructions(args, size: str) -> dict:
-    """Counts the instructions per step of stock and series; times the series' check."""
+    """Count the instructions per step of stock and series; time the series' check."""
     with tempfile.TemporaryDirectory() as workdir:
         directory = pathlib.Path(workdir)
         helper = build_helper(directory)

@@ -5,7 +5,12 @@ import os
 import statistics
 import tempfile
 
-from benchmarks.recovery.analysis import analyze, compare_finals, interval, verdict
+from benchmarks.recovery.analysis import (
+    analyze,
+    compare_finals,
+    estimate_interval,
+    judge_interval,
+)
 from benchmarks.recovery.cells import CALL_MODES, Cell, GOALS
 from benchmarks.recovery.driver import Driver, launch_group, RunFailed
 from benchmarks.recovery.events import read_events
@@ -16,7 +21,7 @@ def progress(text: str) -> None:
 
 
 def measure_cell(args, cell: Cell) -> dict:
-    """Measures one path: the run with the fault, then path new_group replaying its schedule, compared."""
+    """Measure one path: the run with the fault, then path new_group replaying its schedule, compared."""
     with tempfile.TemporaryDirectory() as workdir:
         driver = Driver(args, cell, workdir)
         run = analyze(driver.run(), driver.spawned, driver.victim, driver.detected_at)
@@ -39,7 +44,7 @@ def measure_cell(args, cell: Cell) -> dict:
 
 
 def measure_steady(args, cell: Cell) -> dict:
-    """Measures the steady step of stock DDP and of the series, in separate processes,
+    """Measure the steady step of stock DDP and of the series, in separate processes,
     interleaved; torchft's beside them."""
     extra = ("--warmup", str(args.steady_warmup), "--steps", str(args.steady_steps))
     ratios, found = [], {"stock": [], "series": [], "torchft": []}
@@ -82,18 +87,18 @@ def measure_steady(args, cell: Cell) -> dict:
             f"    steady {repeat + 1}/{args.steady_repeats}: "
             + ", ".join(f"{k} {v[-1] * 1e3:.1f} ms" for k, v in found.items() if v)
         )
-    mean, low, high = interval(ratios)
+    mean, low, high = estimate_interval(ratios)
     result = {
         "repeats": args.steady_repeats,
         "stock_step_s": statistics.median(found["stock"]),
         "series_step_s": statistics.median(found["series"]),
         "series_over_stock": mean,
         "interval_95": [low, high],
-        "verdict": verdict(low, high, GOALS["steady_over_stock"]),
+        "verdict": judge_interval(low, high, GOALS["steady_over_stock"]),
     }
     if found["torchft"]:
         torchft = [t / s for t, s in zip(found["torchft"], found["stock"])]
-        mean, low, high = interval(torchft)
+        mean, low, high = estimate_interval(torchft)
         result.update(
             torchft_step_s=statistics.median(found["torchft"]),
             torchft_over_stock=mean,
@@ -103,7 +108,7 @@ def measure_steady(args, cell: Cell) -> dict:
 
 
 def measure_call(args, cell: Cell) -> dict:
-    """Measures the _update_process_group call against its collectives alone."""
+    """Measure the _update_process_group call against its collectives alone."""
     events = launch_group(
         args, cell, "worker_call", extra=("--repeats", str(args.call_repeats))
     )

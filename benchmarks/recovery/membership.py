@@ -28,8 +28,8 @@ class HeartbeatDetector:
         self.seen: Dict[int, Tuple[int, float]] = {}  # slot -> (count, when it changed)
         self.read_at: Optional[float] = None
 
-    def lost(self) -> List[int]:
-        """Returns the members whose count has not changed for the timeout; reads the counts
+    def find_lost(self) -> List[int]:
+        """Return the members whose count has not changed for the timeout; read the counts
         at most once a period."""
         now = self.clock()
         if self.read_at is None or now - self.read_at >= self.period_s:

@@ -5,12 +5,12 @@ import pathlib
 import statistics
 
 from benchmarks.recovery import results
-from benchmarks.recovery.cells import CALL_MODES, detection_of, GOALS, PATHS
-from benchmarks.recovery.report import config_order
+from benchmarks.recovery.cells import CALL_MODES, find_detection, GOALS, PATHS
+from benchmarks.recovery.report import order_config
 
 
 def plot(data: dict, path: pathlib.Path) -> None:
-    """Plots four panels: the two recovery times of each path per configuration and fault
+    """Plot four panels: the two recovery times of each path per configuration and fault
     (the median of the runs, the range as an error bar), the steady step over stock DDP's
     with its 95% interval, and the call over its collectives alone."""
     import matplotlib
@@ -26,9 +26,9 @@ def plot(data: dict, path: pathlib.Path) -> None:
         {
             key.rsplit("-", 2)[0]
             for key in data["cells"]
-            if results.current_runs(data, key)
+            if results.select_current_runs(data, key)
         },
-        key=config_order,
+        key=order_config,
     )
     width = 0.8 / len(PATHS)
     for ax, field, title in (
@@ -39,10 +39,12 @@ def plot(data: dict, path: pathlib.Path) -> None:
         for (x, config), (i, recovery_path) in itertools.product(
             enumerate(configs), enumerate(PATHS)
         ):
-            detection = detection_of(
+            detection = find_detection(
                 recovery_path, config.rsplit("-", 1)[1], "local_agent"
             )
-            runs = results.current_runs(data, f"{config}-{detection}-{recovery_path}")
+            runs = results.select_current_runs(
+                data, f"{config}-{detection}-{recovery_path}"
+            )
             if not runs:
                 continue
             position = x + (i - (len(PATHS) - 1) / 2) * width
@@ -73,7 +75,7 @@ def plot(data: dict, path: pathlib.Path) -> None:
             labeled.add(recovery_path)
         ax.set_xticks(range(len(configs)), configs, rotation=30, ha="right", fontsize=7)
         ax.set(ylabel="seconds", yscale="log", title=title)
-    steady_keys = sorted(data["steady"], key=config_order)
+    steady_keys = sorted(data["steady"], key=order_config)
     for x, key in enumerate(steady_keys):
         r = data["steady"][key]
         if "error" in r:
@@ -111,7 +113,7 @@ def plot(data: dict, path: pathlib.Path) -> None:
     steady.set(
         ylabel="step time / stock DDP's", title="Steady step, with the 95% interval"
     )
-    call_keys = sorted(data["call"], key=config_order)
+    call_keys = sorted(data["call"], key=order_config)
     for i, mode in enumerate(CALL_MODES):
         points = [
             (x, data["call"][key][mode]["call_over_collectives"])

@@ -22,27 +22,27 @@ DETECTION_NAMES = {
 }
 
 
-def config_order(key: str) -> tuple:
-    """Returns the sort key of a configuration: by world, then model size, then the rest
+def order_config(key: str) -> tuple:
+    """Return the sort key of a configuration: by world, then model size, then the rest
     (compile mode, where the kill came), so that w2-10M-none sorts after w2-1M-inductor.
     """
     world, size, *rest = key.split("-")
     return int(world[1:]), list(SIZES).index(size), rest
 
 
-def cell_order(key: str) -> tuple:
-    """Returns the sort key of a cell: its configuration, fault, detection, then path."""
+def order_cell(key: str) -> tuple:
+    """Return the sort key of a cell: its configuration, fault, detection, then path."""
     world, size, compile_mode, kill_in, detection, path = key.split("-")
     return (
-        config_order(f"{world}-{size}-{compile_mode}"),
+        order_config(f"{world}-{size}-{compile_mode}"),
         KILL_IN.index(kill_in),
         detection,
         PATHS.index(path),
     )
 
 
-def seconds(values: List[float]) -> str:
-    """Formats times as their median and, for more than one, their range."""
+def format_seconds(values: List[float]) -> str:
+    """Format times as their median and, for more than one, their range."""
     if not values:
         return "n/a"
     median = f"{statistics.median(values):.2f}"
@@ -51,8 +51,8 @@ def seconds(values: List[float]) -> str:
     return f"{median} ({min(values):.2f} to {max(values):.2f})"
 
 
-def counts(values: List[int]) -> str:
-    """Formats counts as one value, or their range where the runs differ."""
+def format_counts(values: List[int]) -> str:
+    """Format counts as one value, or their range where the runs differ."""
     return (
         f"{min(values)}"
         if min(values) == max(values)
@@ -60,8 +60,8 @@ def counts(values: List[int]) -> str:
     )
 
 
-def exactness(runs: List[dict]) -> str:
-    """Formats the comparison with the reference of every run."""
+def format_exactness(runs: List[dict]) -> str:
+    """Format the comparison with the reference of every run."""
     bitwise = sum(r["bitwise_equal_to_reference"] for r in runs)
     if bitwise == len(runs):
         return "bitwise"
@@ -78,25 +78,25 @@ def exactness(runs: List[dict]) -> str:
     )
 
 
-def escaped(error: str, length: int = 160) -> str:
-    """Returns an error's first characters, for a cell of a Markdown table."""
+def escape_error(error: str, length: int = 160) -> str:
+    """Return an error's first characters, for a cell of a Markdown table."""
     return error[:length].replace("|", "\\|")
 
 
-def completed_runs(runs: List[dict]) -> List[dict]:
+def select_completed_runs(runs: List[dict]) -> List[dict]:
     return [r for r in runs if "error" not in r]
 
 
-def field(runs: List[dict], name: str) -> list:
-    """Returns the runs' values of ``name``, leaving out the runs that lack it."""
+def collect_field(runs: List[dict], name: str) -> list:
+    """Return the runs' values of ``name``, leaving out the runs that lack it."""
     return [r[name] for r in runs if r.get(name) is not None]
 
 
-def recovery_rows(data: dict) -> List[str]:
-    """Formats the cells of now as the rows of the recovery table."""
+def format_recovery_rows(data: dict) -> List[str]:
+    """Format the cells of now as the rows of the recovery table."""
     rows = []
-    for key in sorted(data["cells"], key=cell_order):
-        runs = results.current_runs(data, key)
+    for key in sorted(data["cells"], key=order_cell):
+        runs = results.select_current_runs(data, key)
         if not runs:
             continue
         world, size, compile_mode, kill_in, detection, path = key.split("-")
@@ -104,27 +104,27 @@ def recovery_rows(data: dict) -> List[str]:
             f"| {world[1:]} | {size} | {compile_mode} | {FAULTS[kill_in]} | "
             f"{DETECTION_NAMES[detection]} | {path} |"
         )
-        done = completed_runs(runs)
+        done = select_completed_runs(runs)
         failed = [r for r in runs if "error" in r]
         ran = f"{len(runs)}" + (
-            f", {len(failed)} failed: {escaped(failed[0]['error'], 120)}"
+            f", {len(failed)} failed: {escape_error(failed[0]['error'], 120)}"
             if failed
             else ""
         )
         if not done:
             rows.append(f"{row} {ran} |" + " |" * 9)
             continue
-        short = field(done, "short_steps")
+        short = collect_field(done, "short_steps")
         rows.append(
-            f"{row} {ran} | {seconds(field(done, 'kill_to_survivors_step_s'))} | "
-            f"{seconds(field(done, 'kill_to_last_failure_s'))} | "
-            f"{seconds(field(done, 'new_process_to_first_step_s'))} | "
-            f"{counts(field(done, 'discarded_attempts'))} | "
-            f"{counts(field(done, 'lost_updates'))} | "
-            f"{counts(short) if len(short) == len(done) else 'n/c'} | "
-            f"{exactness(done)} | "
-            f"{max(field(done, 'recovery_rss_over_steady')):.2f} | "
-            f"{counts(field(done, 'graphs_after_warmup'))} |"
+            f"{row} {ran} | {format_seconds(collect_field(done, 'kill_to_survivors_step_s'))} | "
+            f"{format_seconds(collect_field(done, 'kill_to_last_failure_s'))} | "
+            f"{format_seconds(collect_field(done, 'new_process_to_first_step_s'))} | "
+            f"{format_counts(collect_field(done, 'discarded_attempts'))} | "
+            f"{format_counts(collect_field(done, 'lost_updates'))} | "
+            f"{format_counts(short) if len(short) == len(done) else 'n/c'} | "
+            f"{format_exactness(done)} | "
+            f"{max(collect_field(done, 'recovery_rss_over_steady')):.2f} | "
+            f"{format_counts(collect_field(done, 'graphs_after_warmup'))} |"
         )
     return rows
 
@@ -139,43 +139,51 @@ RECOVERY_HEADER = [
 ]
 
 
-def median_recovery(data: dict, key: str) -> Optional[float]:
-    """Returns the median recovery of cell ``key`` where every run of now completed."""
-    runs = results.current_runs(data, key)
-    if not runs or len(completed_runs(runs)) < len(runs):
+def compute_median_recovery(data: dict, key: str) -> Optional[float]:
+    """Return the median recovery of cell ``key`` where every run of now completed."""
+    runs = results.select_current_runs(data, key)
+    if not runs or len(select_completed_runs(runs)) < len(runs):
         return None
     return statistics.median(r["kill_to_survivors_step_s"] for r in runs)
 
 
-def goal_rows(data: dict) -> List[str]:
-    """Formats, per configuration and fault, reconfigure against each torchft and the goals."""
+def format_goal_rows(data: dict) -> List[str]:
+    """Format, per configuration and fault, reconfigure against each torchft and the goals."""
     rows = []
     faults = sorted(
         {key.rsplit("-", 2)[0] for key in data["cells"]},
-        key=lambda k: (config_order(k), KILL_IN.index(k.rsplit("-", 1)[1])),
+        key=lambda k: (order_config(k), KILL_IN.index(k.rsplit("-", 1)[1])),
     )
     for fault in faults:
         detection = "heartbeat" if fault.endswith("-hang") else "local_agent"
         ours_key = f"{fault}-{detection}-reconfigure"
-        runs = results.current_runs(data, ours_key)
+        runs = results.select_current_runs(data, ours_key)
         if not runs:
             continue
-        ours = median_recovery(data, ours_key)
+        ours = compute_median_recovery(data, ours_key)
         world, size, compile_mode, kill_in = fault.split("-")
-        cells = [f"{seconds(field(completed_runs(runs), 'kill_to_survivors_step_s'))}"]
+        cells = [
+            f"{format_seconds(collect_field(select_completed_runs(runs), 'kill_to_survivors_step_s'))}"
+        ]
         verdicts = []
         for path in TORCHFT_PATHS:
-            theirs_runs = results.current_runs(data, f"{fault}-lighthouse-{path}")
-            theirs = median_recovery(data, f"{fault}-lighthouse-{path}")
+            theirs_runs = results.select_current_runs(
+                data, f"{fault}-lighthouse-{path}"
+            )
+            theirs = compute_median_recovery(data, f"{fault}-lighthouse-{path}")
             if not theirs_runs:
                 cells.append("not run")
             elif theirs is None:
-                done = len(completed_runs(theirs_runs))
+                done = len(select_completed_runs(theirs_runs))
                 cells.append(
                     f"did not complete ({done} of {len(theirs_runs)} runs did)"
                 )
             else:
-                cells.append(seconds(field(theirs_runs, "kill_to_survivors_step_s")))
+                cells.append(
+                    format_seconds(
+                        collect_field(theirs_runs, "kill_to_survivors_step_s")
+                    )
+                )
                 verdicts.append(ours is not None and ours <= theirs)
         at_most = (
             (
@@ -186,7 +194,7 @@ def goal_rows(data: dict) -> List[str]:
             if (world, size) == ("w4", "1M")
             else "n/a"
         )
-        done = completed_runs(runs)
+        done = select_completed_runs(runs)
         exact = (
             "yes"
             if done
@@ -217,14 +225,14 @@ GOAL_HEADER = [
 ]
 
 
-def steady_rows(data: dict) -> List[str]:
+def format_steady_rows(data: dict) -> List[str]:
     rows = []
-    for key in sorted(data["steady"], key=config_order):
+    for key in sorted(data["steady"], key=order_config):
         r = data["steady"][key]
         world, size, compile_mode = key.split("-")
         if "error" in r:
             rows.append(
-                f"| {world[1:]} | {size} | {compile_mode} | failed: {escaped(r['error'])} | | | | |"
+                f"| {world[1:]} | {size} | {compile_mode} | failed: {escape_error(r['error'])} | | | | |"
             )
             continue
         low, high = r["interval_95"]
@@ -245,14 +253,14 @@ STEADY_HEADER = [
 ]
 
 
-def call_rows(data: dict) -> List[str]:
+def format_call_rows(data: dict) -> List[str]:
     rows = []
-    for key in sorted(data["call"], key=config_order):
+    for key in sorted(data["call"], key=order_config):
         r = data["call"][key]
         world, size = key.split("-")
         if "error" in r:
             rows.append(
-                f"| {world[1:]} | {size} | | failed: {escaped(r['error'])} | | | |"
+                f"| {world[1:]} | {size} | | failed: {escape_error(r['error'])} | | | |"
             )
             continue
         for mode in CALL_MODES:
@@ -272,13 +280,13 @@ CALL_HEADER = [
 ]
 
 
-def instruction_rows(data: dict) -> List[str]:
+def format_instruction_rows(data: dict) -> List[str]:
     rows = []
-    for key in sorted(data["instructions"], key=config_order):
+    for key in sorted(data["instructions"], key=order_config):
         r = data["instructions"][key]
         size = key.split("-")[1]
         if "error" in r:
-            rows.append(f"| {size} | failed: {escaped(r['error'])} | | | | | |")
+            rows.append(f"| {size} | failed: {escape_error(r['error'])} | | | | | |")
             continue
         check = (
             f"{r['check_s'] * 1e9:.0f}" if r.get("check_s") is not None else "no check"
@@ -300,16 +308,16 @@ INSTRUCTION_HEADER = [
 ]
 
 SECTIONS: Dict[str, tuple] = {
-    "recovery": (RECOVERY_HEADER, recovery_rows),
-    "goals": (GOAL_HEADER, goal_rows),
-    "steady": (STEADY_HEADER, steady_rows),
-    "call": (CALL_HEADER, call_rows),
-    "instructions": (INSTRUCTION_HEADER, instruction_rows),
+    "recovery": (RECOVERY_HEADER, format_recovery_rows),
+    "goals": (GOAL_HEADER, format_goal_rows),
+    "steady": (STEADY_HEADER, format_steady_rows),
+    "call": (CALL_HEADER, format_call_rows),
+    "instructions": (INSTRUCTION_HEADER, format_instruction_rows),
 }
 
 
-def markdown(data: dict) -> str:
-    """Formats the file's measurements as the Markdown tables of docs/benchmark.md, a table
+def render_markdown(data: dict) -> str:
+    """Format the file's measurements as the Markdown tables of docs/benchmark.md, a table
     per section that has rows."""
     tables = []
     for header, rows_of in SECTIONS.values():

@@ -18,8 +18,8 @@ from typing import Set
 import torch.distributed as dist
 
 
-def socket_fds() -> Set[int]:
-    """Returns this process's file descriptors that are sockets."""
+def list_socket_fds() -> Set[int]:
+    """Return this process's file descriptors that are sockets."""
     found = set()
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -31,9 +31,9 @@ def socket_fds() -> Set[int]:
 
 
 def shut_down_sockets_except(kept: Set[int]) -> int:
-    """Shuts down every connected socket not in ``kept``; returns how many."""
+    """Shut down every connected socket not in ``kept``; return how many."""
     count = 0
-    for fd in socket_fds() - kept:
+    for fd in list_socket_fds() - kept:
         try:
             sock = socket.socket(fileno=fd)
         except OSError:
@@ -58,7 +58,7 @@ class SocketAbort:
         self.store = dist.TCPStore(
             host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
         )
-        self.kept = socket_fds()
+        self.kept = list_socket_fds()
         self.on_abort = on_abort
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self.watch, name="socket-abort")

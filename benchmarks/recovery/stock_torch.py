@@ -65,14 +65,14 @@ class _OriginalFiles(importlib.abc.MetaPathFinder):
 
 
 def use_stock_files() -> None:
-    """Makes this interpreter, started with ``python -S``, import the wheel's own files."""
+    """Make this interpreter, started with ``python -S``, import the wheel's own files."""
     if not sys.flags.no_site:
         raise RuntimeError(
             "stock torch needs python -S: the overlay's .pth file has already run"
         )
     if SITE_PACKAGES_ENV not in os.environ:
         raise RuntimeError(
-            f"python -S: set {SITE_PACKAGES_ENV} to the overlay venv's site-packages (command() does)"
+            f"python -S: set {SITE_PACKAGES_ENV} to the overlay venv's site-packages (make_command() does)"
         )
     site_packages = pathlib.Path(os.environ[SITE_PACKAGES_ENV])
     # Not the project's imports (the driver puts the repository on PYTHONPATH): torch's, from
@@ -92,21 +92,21 @@ def use_stock_files() -> None:
     sys.meta_path.insert(0, _OriginalFiles(site_packages, originals))
 
 
-def command(env: Dict[str, str]) -> List[str]:
-    """Returns the start of the command line of a stock process; sets what it needs in ``env``."""
+def make_command(env: Dict[str, str]) -> List[str]:
+    """Return the start of the command line of a stock process; set what it needs in ``env``."""
     env[SITE_PACKAGES_ENV] = sysconfig.get_paths()["purelib"]
     return [sys.executable, "-S"]
 
 
 def run_module_on_stock_files(argv: List[str]) -> None:
-    """Runs module ``argv[0]`` as ``__main__`` on the wheel's own files, with ``argv`` as its arguments."""
+    """Run module ``argv[0]`` as ``__main__`` on the wheel's own files, with ``argv`` as its arguments."""
     use_stock_files()
     sys.argv = list(argv)
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 
 
 def main() -> None:
-    """Runs the module that the command line names on the wheel's own files."""
+    """Run the module that the command line names on the wheel's own files."""
     parser = argparse.ArgumentParser(
         prog="python -S -m benchmarks.recovery.stock_torch",
         description=f"Run MODULE as __main__ on the wheel's own files; {SITE_PACKAGES_ENV} "

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from benchmarks.recovery.events import error_path, Events
+from benchmarks.recovery.events import Events, locate_error_file
 from benchmarks.recovery.socket_abort import SocketAbort
 from benchmarks.resume_after_membership_change import (
     LanguageModel,
@@ -32,15 +32,15 @@ BATCH = 4
 STOPPED_AT_EXIT: List = []
 
 
-def batch(step: int, slot: int):
-    """Returns the tokens of ``slot`` at ``step``: a new process in a lost one's slot trains on its data."""
+def make_batch(step: int, slot: int):
+    """Return the tokens of ``slot`` at ``step``: a new process in a lost one's slot trains on its data."""
     gen = torch.Generator().manual_seed(1000 * step + slot)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=gen)
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
-    """Hashes the parameters and Adam's state, bit for bit."""
+def hash_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """Hash the parameters and Adam's state, bit for bit."""
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
@@ -80,7 +80,7 @@ class Heartbeat:
             self.stopped.wait(self.period_s)
 
     def stop(self) -> None:
-        """Returns once the thread has ended: one inside a store call while the interpreter
+        """Return once the thread has ended: one inside a store call while the interpreter
         finalizes aborts the process."""
         self.stopped.set()
         self.thread.join()
@@ -119,33 +119,33 @@ class Process:
                 )
             )
 
-    def compiled(self, ddp: nn.Module) -> nn.Module:
+    def compile_net(self, ddp: nn.Module) -> nn.Module:
         return torch.compile(ddp) if self.args.compile == "inductor" else ddp
 
     def die_if_due(self, step: int) -> None:
-        """Dies where ``step`` is the kill's and the kill comes between steps: before the
+        """Die where ``step`` is the kill's and the kill comes between steps: before the
         process starts the step, after it completed the one before on every replica.
         """
         if self.args.kill_step == step and self.args.kill_in == "between_steps":
             self.die(step)
 
-    def backward(self, net: nn.Module, step: int) -> None:
-        """Runs the forward and backward pass of ``step``; where it is the kill's, and the kill
+    def run_backward(self, net: nn.Module, step: int) -> None:
+        """Run the forward and backward pass of ``step``; where it is the kill's, and the kill
         comes in the backward pass (or the process hangs there), the process dies in it.
         """
         if self.args.kill_step == step and self.args.kill_in in ("backward", "hang"):
             # The embedding's gradient comes last, after the other buckets' allreduces started.
             self.model.embed.weight.register_hook(lambda grad: self.die(step))
-        inputs, targets = batch(step, self.slot)
+        inputs, targets = make_batch(step, self.slot)
         self.loss_fn(net(inputs).flatten(0, 1), targets.flatten()).backward()
 
     def train_step(self, net: nn.Module, step: int) -> None:
-        self.backward(net, step)
+        self.run_backward(net, step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def init_whole_group(self, prefix: str) -> None:
-        """Initializes the default group of every process the driver started, ranked by slot."""
+        """Initialize the default group of every process the driver started, ranked by slot."""
         dist.init_process_group(
             "gloo",
             store=dist.PrefixStore(prefix, self.store),
@@ -154,7 +154,7 @@ class Process:
         )
 
     def die(self, step: int) -> None:
-        """Ends this process with SIGKILL, or where the fault is a hang, stops it (SIGSTOP): it
+        """End this process with SIGKILL, or where the fault is a hang, stop it (SIGSTOP): it
         then holds its connections open, and the driver kills it once the run is past it.
         """
         hang = self.args.kill_in == "hang"
@@ -162,11 +162,11 @@ class Process:
         os.kill(os.getpid(), signal.SIGSTOP if hang else signal.SIGKILL)
 
     def finish(self, step: int, graphs_after_warmup: int) -> None:
-        """Logs the state at the end, and saves the parameters, for the comparison with the reference."""
+        """Log the state at the end, and save the parameters, for the comparison with the reference."""
         self.events.log(
             "final",
             step=step,
-            digest=state_digest(self.model, self.optimizer),
+            digest=hash_state(self.model, self.optimizer),
             graphs_after_warmup=graphs_after_warmup,
         )
         parameters = [p.detach() for p in self.model.parameters()]
@@ -174,7 +174,7 @@ class Process:
 
 
 def parse_arguments() -> argparse.Namespace:
-    """Parses what the driver passes to a worker."""
+    """Parse what the driver passes to a worker."""
     parser = argparse.ArgumentParser(
         description="A worker process of the recovery benchmark; the driver "
         "(python -m benchmarks.recovery) starts it with these arguments."
@@ -223,14 +223,14 @@ def parse_arguments() -> argparse.Namespace:
 
 
 def run(main: Callable[[argparse.Namespace], int]) -> int:
-    """Runs a worker's ``main`` on the driver's arguments; records the exception that ends it."""
+    """Run a worker's ``main`` on the driver's arguments; record the exception that ends it."""
     args = parse_arguments()
     try:
         return main(args)
     except BaseException as e:
         # What the driver reports. Stderr cannot say which error ended the process: torchft
         # logs the errors it handles with their tracebacks.
-        with open(error_path(args.events, os.getpid()), "w") as f:
+        with open(locate_error_file(args.events, os.getpid()), "w") as f:
             f.write(f"{type(e).__name__}: {next(iter(str(e).splitlines()), '')}")
         raise
     finally:

@@ -46,7 +46,7 @@ class RecordingGroup(dist.ProcessGroup):
 def run_collective(
     group, kind: str, tensors: List[torch.Tensor], root: Optional[int]
 ) -> None:
-    """Runs one recorded collective on ``group`` and waits for it."""
+    """Run one recorded collective on ``group`` and wait for it."""
     if kind == "allreduce":
         group.allreduce(tensors, dist.AllreduceOptions()).wait()
     elif kind == "allgather":
@@ -61,7 +61,7 @@ def run_collective(
 
 
 def main(args) -> int:
-    """Times _update_process_group() onto a new group of the same ranks, then its collectives alone."""
+    """Time _update_process_group() onto a new group of the same ranks, then its collectives alone."""
     process = worker.Process(args)
     process.init_whole_group("call")
     ddp = DistributedDataParallel(process.model)

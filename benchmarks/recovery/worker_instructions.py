@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from benchmarks.recovery.worker import batch
+from benchmarks.recovery.worker import make_batch
 from benchmarks.resume_after_membership_change import LanguageModel, SIZES
 from torch.nn.parallel import DistributedDataParallel
 
@@ -24,7 +24,7 @@ WARMUP = 3
 
 
 def build(size: str):
-    """Returns a DDP module on a Gloo group of this process alone, Adam and the loss."""
+    """Return a DDP module on a Gloo group of this process alone, Adam and the loss."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.manual_seed(0)
@@ -37,12 +37,12 @@ def build(size: str):
 
 
 def count_steps(args) -> dict:
-    """Trains WARMUP steps, then --steps steps between the client requests of --helper."""
+    """Train WARMUP steps, then --steps steps between the client requests of --helper."""
     ddp, optimizer, loss_fn = build(args.size)
     helper = ctypes.CDLL(args.helper)
 
     def train_step(step: int) -> None:
-        inputs, targets = batch(step, 0)
+        inputs, targets = make_batch(step, 0)
         loss_fn(ddp(inputs).flatten(0, 1), targets.flatten()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -59,7 +59,7 @@ def count_steps(args) -> dict:
 
 
 def time_check(args) -> dict:
-    """Times the series' forward-pass check against an empty statement; None without it."""
+    """Time the series' forward-pass check against an empty statement; None without it."""
     ddp, _, _ = build(args.size)
     seen, total = "_reconfigure_total_seen", "_reconfigure_total"
     if not hasattr(ddp, seen) or not hasattr(dist.distributed_c10d, total):

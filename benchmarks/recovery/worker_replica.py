@@ -14,8 +14,8 @@ import torch.distributed as dist
 from benchmarks.recovery import worker
 from benchmarks.recovery.cells import MAX_STEPS
 from benchmarks.resume_after_membership_change import (
-    compiled_graphs,
-    peak_rss_mb,
+    count_compiled_graphs,
+    read_peak_rss_mb,
     reset_peak_rss,
 )
 from examples.elastic_ddp import reconfigure, release_failed_group, SOLO_UUID
@@ -34,7 +34,7 @@ class Replica(worker.Process):
 
     def wrap(self) -> None:
         self.ddp = DistributedDataParallel(self.model)
-        self.net = self.compiled(self.ddp)
+        self.net = self.compile_net(self.ddp)
 
     def plan(self, generation: int) -> dict:
         return json.loads(self.store.get(f"plan/{generation}"))
@@ -67,9 +67,9 @@ class Replica(worker.Process):
         else:
             self.init_solo_group()
             self.wrap()
-            self.backward(self.net, 0)
+            self.run_backward(self.net, 0)
             self.optimizer.zero_grad(set_to_none=True)
-            graphs = compiled_graphs()
+            graphs = count_compiled_graphs()
             self.events.log("ready", graphs=graphs)
             plan = None
         while True:
@@ -102,14 +102,14 @@ class Replica(worker.Process):
                 break
             generation += 1
             plan = None
-        self.finish(self.step, compiled_graphs() - graphs)
+        self.finish(self.step, count_compiled_graphs() - graphs)
         dist.destroy_process_group()
         return 0
 
     def train_generation(self, plan: dict, generation: int) -> str:
-        """Trains with the members of ``plan`` until the run's end ("end"), the switch to the
+        """Train with the members of ``plan`` until the run's end ("end"), the switch to the
         next generation ("switch"), or a loss that the membership key already names before a
-        step ("lost"). Raises the RuntimeError of a failed collective."""
+        step ("lost"). Raise the RuntimeError of a failed collective."""
         switch_key, admit_key = f"switch/{generation}", f"admit/{generation}"
         lost_key = f"lost/{generation}"
         chooses = plan["members"][0] == self.slot and not self.args.restarted
@@ -148,7 +148,7 @@ class Replica(worker.Process):
                 "step",
                 step=self.step - 1,
                 generation=generation,
-                rss_mb=peak_rss_mb(),
+                rss_mb=read_peak_rss_mb(),
             )
             if self.args.path == "restart" and plan["members"][0] == self.slot:
                 self.checkpoint()
@@ -196,7 +196,7 @@ class Replica(worker.Process):
         )
 
     def enter(self, plan: dict, generation: int) -> None:
-        """Joins generation ``plan``: the group, DDP, and Adam's state where a process joins."""
+        """Join generation ``plan``: the group, DDP, and Adam's state where a process joins."""
         if self.args.path == "reconfigure":
             self.reconfigure(plan["members"], generation)
         else:

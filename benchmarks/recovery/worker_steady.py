@@ -11,10 +11,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def main(args) -> int:
-    """Trains --warmup steps, then times --steps steps, with nothing else per step."""
+    """Train --warmup steps, then time --steps steps, with nothing else per step."""
     process = worker.Process(args)
     process.init_whole_group("steady")
-    net = process.compiled(DistributedDataParallel(process.model))
+    net = process.compile_net(DistributedDataParallel(process.model))
     times = []
     for step in range(args.warmup + args.steps):
         start = time.perf_counter()

@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 from benchmarks.recovery import worker
 from benchmarks.resume_after_membership_change import (
-    compiled_graphs,
-    peak_rss_mb,
+    count_compiled_graphs,
+    read_peak_rss_mb,
     reset_peak_rss,
 )
 
@@ -78,7 +78,7 @@ def main(args) -> int:
         quorum_timeout=timeout,
         connect_timeout=timeout,
     )
-    net = process.compiled(FtDistributedDataParallel(manager, model))
+    net = process.compile_net(FtDistributedDataParallel(manager, model))
     events.log("ready", graphs=0)
     if not args.restarted:
         # Every first replica asks for the first quorum together, so that it has them all.
@@ -107,7 +107,7 @@ def main(args) -> int:
         optimizer.zero_grad(set_to_none=True)
         events.log("attempt", step=step)
         try:
-            process.backward(net, step)
+            process.run_backward(net, step)
         except AssertionError as e:
             # torchft 0.2.0: where the allreduce in its comm hook fails, the manager records the
             # error, and then the hook's `assert fut._fut` fails (torchft/ddp.py), out of the
@@ -117,16 +117,16 @@ def main(args) -> int:
         if manager.should_commit():
             optimizer.step()
             if warm is None and not args.restarted:
-                warm = compiled_graphs()  # the first step compiles
+                warm = count_compiled_graphs()  # the first step compiles
             events.log(
                 "step",
                 step=step,
                 participants=manager.num_participants(),
-                rss_mb=peak_rss_mb(),
+                rss_mb=read_peak_rss_mb(),
             )
         else:
             events.log("failed", step=step)
-    process.finish(manager.current_step(), compiled_graphs() - (warm or 0))
+    process.finish(manager.current_step(), count_compiled_graphs() - (warm or 0))
     manager.shutdown(wait=False)
     if dist.is_initialized():
         dist.destroy_process_group()

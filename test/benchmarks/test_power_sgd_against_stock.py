@@ -57,7 +57,7 @@ print(json.dumps(steps))
 
 def run(kind: str) -> list:
     env = dict(os.environ)
-    command = stock_torch.command(env) if kind == "stock" else [sys.executable]
+    command = stock_torch.make_command(env) if kind == "stock" else [sys.executable]
     # The stock process (python -S) skips site-packages, where this package is installed:
     # it imports benchmarks from the repository.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from benchmarks.recovery.cells import CALL_MODES, GOALS
 from benchmarks.recovery.driver import TORCHFT_NIGHTLY_VENV
-from benchmarks.recovery.report import markdown
+from benchmarks.recovery.report import render_markdown
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -204,7 +204,7 @@ def test_steady_and_call(report):
         assert mode["met"] == (
             mode["call_over_collectives"] <= GOALS["call_over_collectives"]
         )
-    assert markdown(data) in stdout
+    assert render_markdown(data) in stdout
     assert (out / "recovery_after_lost_rank.png").read_bytes()[
         :8
     ] == b"\x89PNG\r\n\x1a\n"
@@ -229,7 +229,7 @@ def test_markdown_has_a_row_per_measurement(report):
     _, data, _ = report
     rows = [
         line
-        for line in markdown(data).splitlines()
+        for line in render_markdown(data).splitlines()
         if line.startswith("| ") and "---" not in line
     ]
     # The recovery table, the goals (a row per fault), the steady step, the call.
@@ -239,7 +239,7 @@ def test_markdown_has_a_row_per_measurement(report):
     ) + 2 * len(data["call"])
     assert (
         "| 2 | tiny | none | killed between steps | lighthouse | torchft | 1 | "
-        in markdown(data)
+        in render_markdown(data)
     )
 
 

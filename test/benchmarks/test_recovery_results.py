@@ -16,7 +16,7 @@ from benchmarks.recovery import (
     report,
     results,
 )
-from benchmarks.recovery.events import error_path
+from benchmarks.recovery.events import locate_error_file
 from benchmarks.recovery.membership import HeartbeatDetector
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -25,12 +25,12 @@ RESULTS = REPO / "benchmarks" / "results" / results.FILE_NAME
 
 
 def test_interval_and_verdict():
-    mean, low, high = analysis.interval([1.0, 1.0, 1.0])
+    mean, low, high = analysis.estimate_interval([1.0, 1.0, 1.0])
     assert (mean, low, high) == (1.0, 1.0, 1.0)
-    assert analysis.verdict(0.99, 1.01, 1.02) == "met"
-    assert analysis.verdict(1.03, 1.05, 1.02) == "not met"
-    assert analysis.verdict(1.0, 1.05, 1.02) == "inconclusive"
-    assert analysis.verdict(None, None, 1.02) == "inconclusive"
+    assert analysis.judge_interval(0.99, 1.01, 1.02) == "met"
+    assert analysis.judge_interval(1.03, 1.05, 1.02) == "not met"
+    assert analysis.judge_interval(1.0, 1.05, 1.02) == "inconclusive"
+    assert analysis.judge_interval(None, None, 1.02) == "inconclusive"
 
 
 def test_a_step_short_of_a_member():
@@ -90,35 +90,38 @@ def test_a_failure_names_its_exception_not_the_lines_after_it(tmp_path):
     # first one, and ends with a hint; the cell's failure must name the exception.
     driver = object.__new__(driver_module.Driver)
     driver.events_dir = str(tmp_path)
-    pathlib.Path(driver.stderr_path(1)).write_text(
+    pathlib.Path(driver.locate_stderr(1)).write_text(
         "Traceback (most recent call last):\n"
         '  File "worker.py", line 99, in train_step\n'
         "[rank0]: RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.\n"
         "Parameter indices which did not receive grad for rank 0: 0 1\n"
         " In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL\n"
     )
-    assert driver.last_error(1).startswith(
+    assert driver.read_last_error(1).startswith(
         "[rank0]: RuntimeError: Expected to have finished reduction"
     )
     # SystemExit's message names no exception: the last line.
-    pathlib.Path(driver.stderr_path(2)).write_text(
+    pathlib.Path(driver.locate_stderr(2)).write_text(
         "slot 1 saw the switch at step 3 at 4\n"
     )
-    assert driver.last_error(2) == "slot 1 saw the switch at step 3 at 4"
+    assert driver.read_last_error(2) == "slot 1 saw the switch at step 3 at 4"
     # What the process recorded wins over its stderr, where torchft logs the errors it handles.
-    pathlib.Path(driver.stderr_path(3)).write_text(
+    pathlib.Path(driver.locate_stderr(3)).write_text(
         "Traceback (most recent call last):\nRuntimeError: handled by torchft\nslot 1 is at step 9, past the end at 8\n"
     )
-    pathlib.Path(error_path(driver.events_dir, 3)).write_text(
+    pathlib.Path(locate_error_file(driver.events_dir, 3)).write_text(
         "SystemExit: slot 1 is at step 9, past the end at 8"
     )
-    assert driver.last_error(3) == "SystemExit: slot 1 is at step 9, past the end at 8"
+    assert (
+        driver.read_last_error(3)
+        == "SystemExit: slot 1 is at step 9, past the end at 8"
+    )
 
 
 def test_the_committed_results_are_the_tables_of_the_docs():
     # Every row that the committed file renders is in docs/benchmark.md, and every row of the
     # docs' recovery tables comes from the file: the page shows what was measured.
-    rendered = report.markdown(results.load(RESULTS)).splitlines()
+    rendered = report.render_markdown(results.load(RESULTS)).splitlines()
     docs = (REPO / "docs" / "benchmark.md").read_text().splitlines()
     rows = [line for line in rendered if line.startswith("| ")]
     assert rows and [line for line in rows if line not in docs] == []
@@ -161,10 +164,12 @@ def test_a_file_of_before_issue_32_reads_in_the_form_of_now(tmp_path):
     assert data["call"] == data["instructions"] == {}
     # Their recovery changed since: the tables leave those runs out; torchft's stay.
     assert (
-        results.current_runs(data, "w2-1M-none-backward-local_agent-reconfigure") == []
+        results.select_current_runs(data, "w2-1M-none-backward-local_agent-reconfigure")
+        == []
     )
     assert (
-        len(results.current_runs(data, "w2-1M-none-backward-lighthouse-torchft")) == 1
+        len(results.select_current_runs(data, "w2-1M-none-backward-lighthouse-torchft"))
+        == 1
     )
 
 
@@ -192,7 +197,7 @@ def test_the_heartbeat_detector_takes_a_silent_member_as_lost():
             store.add("beats/1", 1)
         # Slot 1's count last changed at 0.875 s: lost once more than 1 s has passed since.
         # Slot 2 is not watched before its first beat.
-        assert detector.lost() == ([1] if now[0] > 1.875 else []), now[0]
+        assert detector.find_lost() == ([1] if now[0] > 1.875 else []), now[0]
 
 
 def test_the_goals_compare_reconfigure_with_each_torchft_that_completes():
@@ -222,7 +227,7 @@ def test_the_goals_compare_reconfigure_with_each_torchft_that_completes():
             },
         }
     }
-    (row,) = report.goal_rows(data)
+    (row,) = report.format_goal_rows(data)
     assert row == (
         "| 4 | 1M | none | killed in backward | local agent | 0.25 (0.20 to 0.30) "
         "| did not complete (0 of 1 runs did) | 1.10 (1.00 to 1.20) | yes | yes | yes |"
@@ -238,10 +243,10 @@ def test_the_instruction_count_is_the_totals_line_of_the_steps_dump(tmp_path):
         "desc: Trigger: Client Request: steps\nevents: Ir\n"
         "fn=(1) main\n0 5\nsummary: 134069876\ntotals: 134069876\n"
     )
-    assert instructions.steps_instructions(dump) == 134069876
+    assert instructions.read_instruction_count(dump) == 134069876
     dump.write_text("version: 1\nevents: Ir\n")
     with pytest.raises(instructions.CountFailed, match="has no totals"):
-        instructions.steps_instructions(dump)
+        instructions.read_instruction_count(dump)
 
 
 @pytest.mark.skipif(

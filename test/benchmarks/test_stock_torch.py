@@ -29,7 +29,7 @@ print(json.dumps({{
 
 def stock_report() -> dict:
     env = dict(os.environ)
-    command = stock_torch.command(env)
+    command = stock_torch.make_command(env)
     result = subprocess.run(
         [*command, "-c", REPORT], env=env, capture_output=True, text=True, timeout=300
     )

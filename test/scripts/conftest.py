@@ -30,7 +30,7 @@ def _wheel_originals():
         )
     applied = series.read_series(PATCHES, torch.site_packages).applied
     return {
-        series.installed_path(p): data
+        series.find_installed_path(p): data
         for p, data in install.read_originals(torch, applied).items()
     }
 

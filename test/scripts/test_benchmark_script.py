@@ -11,7 +11,7 @@ benchmark = load_script("benchmark")
 
 
 def chosen(base, *, resume=False, recovery=False):
-    return benchmark.chosen_benchmark(
+    return benchmark.choose_benchmark(
         argparse.Namespace(base=bases.get(base), resume=resume, recovery=recovery)
     )
 

@@ -427,7 +427,9 @@ API = "\n    def _update_process_group(self, new_process_group):\n        pass\n
     ],
 )
 def test_tree_state(base, version, api, state):
-    assert _checkout.tree_state(bases.get(base), version, API if api else "") == state
+    assert (
+        _checkout.classify_tree(bases.get(base), version, API if api else "") == state
+    )
 
 
 @pytest.mark.parametrize(
@@ -446,7 +448,7 @@ def test_tree_state(base, version, api, state):
 )
 def test_tree_state_refuses(base, version, api, error):
     with pytest.raises(_checkout.CheckoutError, match=error.replace(".", r"\.")):
-        _checkout.tree_state(bases.get(base), version, API if api else "")
+        _checkout.classify_tree(bases.get(base), version, API if api else "")
 
 
 def test_state_with_the_api_upstream(pytorch_tree, tmp_path):
@@ -465,17 +467,17 @@ def test_state_with_the_api_upstream(pytorch_tree, tmp_path):
     ]
     tree = _checkout.Checkout.open(pytorch_tree)
     upstream = bases.get("v2.14.1")
-    assert tree.state(upstream, patches) == "applied"
+    assert tree.read_state(upstream, patches) == "applied"
     git(pytorch_tree, "reset", "-q", "--hard", "HEAD~1")
-    assert tree.state(upstream, patches) == "base"
-    assert tree.state(BASE, _checkout.patch_files(BASE)) == "upstream"
+    assert tree.read_state(upstream, patches) == "base"
+    assert tree.read_state(BASE, _checkout.list_patch_files(BASE)) == "upstream"
     (pytorch_tree / "version.txt").write_text("2.13.0\n")
     git(pytorch_tree, "commit", "-qam", "an older release")
     with pytest.raises(
         _checkout.CheckoutError,
         match=f"{pytorch_tree}: version 2.13.0 is older than v2.14.1",
     ):
-        tree.state(upstream, patches)
+        tree.read_state(upstream, patches)
 
 
 def test_other_release_is_refused(pytorch_tree):
@@ -1227,8 +1229,8 @@ def test_a_commit_is_its_patch_whatever_the_context(tmp_path):
         for text in (shown, whole)
     ]
     assert ids[0] != ids[1]
-    assert submit.change_id(shown) == submit.change_id(whole)
+    assert submit.compute_change_id(shown) == submit.compute_change_id(whole)
     other = git(
         tree, "format-patch", "--stdout", "--no-signature", "-1", "HEAD"
     ).replace("changed_10", "changed_11")
-    assert submit.change_id(other) != submit.change_id(shown)
+    assert submit.compute_change_id(other) != submit.compute_change_id(shown)

@@ -42,7 +42,7 @@ def test_every_case_names_tests_of_the_file():
     # unittest's -k matches a substring of "module.Class.test": a pattern that matches
     # nothing would leave a case out without a word.
     names = names_in_the_test_file()
-    for case in gpu_check.CASES + tuple(gpu_check.fix_cases(UPSTREAM)):
+    for case in gpu_check.CASES + tuple(gpu_check.list_fix_cases(UPSTREAM)):
         assert any(case in name for name in names), case
 
     # Every case that only CUDA runs on one GPU is among them; the NCCL recovery needs a
@@ -61,7 +61,7 @@ def test_every_case_names_tests_of_the_file():
 
 
 def test_the_fixes_cases_are_those_the_fix_patches_add():
-    cases = [case.rsplit(".", 1)[1] for case in gpu_check.fix_cases(UPSTREAM)]
+    cases = [case.rsplit(".", 1)[1] for case in gpu_check.list_fix_cases(UPSTREAM)]
     assert "test_recover_while_collectives_in_flight" in cases
     assert "test_bad_argument_changes_nothing" in cases
     # So are the cases of the harness and of what stock passes, which come first.
@@ -104,7 +104,7 @@ def test_dry_run_with_only_the_fixes():
     lines = result.stdout.splitlines()
     assert len(lines) == 2
     assert lines[0].endswith("--base v2.14.1 --fixes-only")
-    assert all(f"-k {case}" in lines[1] for case in gpu_check.fix_cases(UPSTREAM))
+    assert all(f"-k {case}" in lines[1] for case in gpu_check.list_fix_cases(UPSTREAM))
 
 
 def test_log_keeps_the_output_and_stops_at_the_deadline(tmp_path):

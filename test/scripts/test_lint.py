@@ -68,7 +68,7 @@ def fake(
     patch.write_text(
         HEADER.format(subject=subject, body=body, path=path, old=old, new=new)
     )
-    # message() reports paths relative to the repository.
+    # make_message() reports paths relative to the repository.
     return patch, patch.read_text()
 
 
@@ -302,56 +302,54 @@ def test_each_linter_loads_its_modules_once(linter, tmp_path):
 def test_flake8_adapter(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import os\n")
-    assert [(m.name, m.line) for m in checkers.flake8([str(bad)])] == [("F401", 1)]
+    assert [(m.name, m.line) for m in checkers.run_flake8([str(bad)])] == [("F401", 1)]
 
 
 def test_clang_format_adapter():
-    found = checkers.clang_format_messages("x.cpp", "int  f( ){return 1;}\n", "fix it")
+    found = checkers.check_clang_format("x.cpp", "int  f( ){return 1;}\n", "fix it")
     assert (
         names(found) == ["format"]
         and found[0].replacement == "int f() {\n  return 1;\n}\n"
     )
-    assert (
-        checkers.clang_format_messages("x.cpp", "int f() {\n  return 1;\n}\n", "") == []
-    )
+    assert checkers.check_clang_format("x.cpp", "int f() {\n  return 1;\n}\n", "") == []
 
 
 def test_text_checks(tmp_path, monkeypatch):
     monkeypatch.setattr(text_linter, "REPO", tmp_path)
     (tmp_path / "a.txt").write_text("x \n\ty\n\n")
-    assert names(text_linter.text_checks("spaces", ["a.txt"])) == ["trailing-space"]
-    assert names(text_linter.text_checks("tabs", ["a.txt"])) == ["tab"]
-    assert names(text_linter.text_checks("newlines", ["a.txt"])) == ["newline"]
+    assert names(text_linter.check_text("spaces", ["a.txt"])) == ["trailing-space"]
+    assert names(text_linter.check_text("tabs", ["a.txt"])) == ["tab"]
+    assert names(text_linter.check_text("newlines", ["a.txt"])) == ["newline"]
     (tmp_path / "b.txt").write_text("fine\n")
-    assert text_linter.text_checks("newlines", ["b.txt"]) == []
+    assert text_linter.check_text("newlines", ["b.txt"]) == []
 
 
 def test_ufmt_adapter(tmp_path, monkeypatch):
     # PyTorch 2.1's settings: black's default line length (88), usort with torch first-party in torch/.
-    assert checkers.ufmt_format("x.py", "x = {'a':1}\n") == 'x = {"a": 1}\n'
+    assert checkers.format_with_ufmt("x.py", "x = {'a':1}\n") == 'x = {"a": 1}\n'
     long_call = "x = f(" + ", ".join(["argument"] * 9) + ")\n"
     assert (
         len(long_call) < 120
-        and checkers.ufmt_format("x.py", long_call).count("\n") == 11
+        and checkers.format_with_ufmt("x.py", long_call).count("\n") == 11
     )
     imports = "import torch\nimport os\nimport numpy\n"
     assert (
-        checkers.ufmt_format("torch/x.py", imports)
+        checkers.format_with_ufmt("torch/x.py", imports)
         == "import os\n\nimport numpy\n\nimport torch\n"
     )
     assert (
-        checkers.ufmt_format("test/x.py", imports)
+        checkers.format_with_ufmt("test/x.py", imports)
         == "import os\n\nimport numpy\nimport torch\n"
     )
     assert (
-        checkers.ufmt_format("x.pyi", "def f(x: int) -> None:\n    ...\n")
+        checkers.format_with_ufmt("x.pyi", "def f(x: int) -> None:\n    ...\n")
         == "def f(x: int) -> None: ...\n"
     )
     monkeypatch.setattr(ufmt_linter, "REPO", tmp_path)
     (tmp_path / "bad.py").write_text("x = {'a':1}\n")
     (tmp_path / "good.py").write_text('x = {"a": 1}\n')
     (tmp_path / "broken.py").write_text("def (:\n")
-    found = ufmt_linter.ufmt(["bad.py", "good.py", "broken.py"])
+    found = ufmt_linter.lint_ufmt(["bad.py", "good.py", "broken.py"])
     assert [(m.path, m.name) for m in found] == [
         ("bad.py", "format"),
         ("broken.py", "command-failed"),
@@ -371,7 +369,7 @@ def test_ufmt_flags_a_line_the_patch_adds(tmp_path, monkeypatch):
         found = patch_series.lint_ufmt(
             tmp_path,
             path,
-            patch_series.added_lines({patch: unidiff.PatchSet(text)}, path),
+            patch_series.map_added_lines({patch: unidiff.PatchSet(text)}, path),
         )
         assert names(found) == expected
         if found:
@@ -406,7 +404,7 @@ def test_ufmt_follows_added_lines_through_the_series_and_skips_upstream_lines(
         git(tree, "commit", "-qam", f"step {number}")
     git(tree, "format-patch", "-q", "-o", str(tmp_path), "HEAD~2")
     patches = sorted(tmp_path.glob("*.patch"))
-    added = patch_series.added_lines(
+    added = patch_series.map_added_lines(
         {p: unidiff.PatchSet(p.read_text()) for p in patches}, path
     )
     final = steps[-1].splitlines()

@@ -115,11 +115,13 @@ def test_every_mutant_fits_the_series(base, mutant):
     # A later patch that removes the line would take the mutant away before the tests run.
     # One that adds the same line again to the same file makes the later patches' context
     # ambiguous: the mutant would reach both lines there, and the series would no longer apply.
-    path = mutants.file_of_lines(added)[added.index("+" + mutant["replace"][0][0])]
+    path = mutants.find_file_of_lines(added)[added.index("+" + mutant["replace"][0][0])]
     for other in commits.list_patches(base.patches(REPO)):
         lines = other.read_text().split("\n")
         in_file = [
-            line for line, p in zip(lines, mutants.file_of_lines(lines)) if p == path
+            line
+            for line, p in zip(lines, mutants.find_file_of_lines(lines))
+            if p == path
         ]
         for old, _ in mutant["replace"]:
             if other.name > patch.name:
@@ -139,11 +141,13 @@ def test_a_mutant_that_needs_a_gpu_runs_only_with_one():
         "needs_gpu": "DDP's mixed precision casts on a CUDA stream",
     }
     assert (
-        mutants.not_run_reason(mutant, has_gpu=False)
+        mutants.explain_not_run(mutant, has_gpu=False)
         == "needs a GPU: DDP's mixed precision casts on a CUDA stream"
     )
-    assert mutants.not_run_reason(mutant, has_gpu=True) == ""
-    assert mutants.not_run_reason({"name": "m", "kills": "test_x"}, has_gpu=False) == ""
+    assert mutants.explain_not_run(mutant, has_gpu=True) == ""
+    assert (
+        mutants.explain_not_run({"name": "m", "kills": "test_x"}, has_gpu=False) == ""
+    )
 
 
 def test_ci_runs_only_known_mutants():

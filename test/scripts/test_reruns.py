@@ -75,7 +75,7 @@ def execute(tmp_path: pathlib.Path, suite: pathlib.Path):
     toy = test_script.Run(
         "toy", pathlib.Path(sys.executable), [str(suite)], cwd=tmp_path
     )
-    toy.execute(test_script._common.venv_env(venv=pathlib.Path(sys.prefix)))
+    toy.execute(test_script._common.make_venv_env(venv=pathlib.Path(sys.prefix)))
     return toy
 
 

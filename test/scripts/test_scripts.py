@@ -55,9 +55,9 @@ def test_overlay_install_refuses_a_venv_with_other_torch(tmp_path, version, mess
 def test_a_leftover_dot_venv_is_named_when_a_venv_is_made(tmp_path):
     common = load_script("overlay")._common
     old, new = tmp_path / ".venv", tmp_path / ".venv-v2.1.2"
-    assert common.old_venv_note(new, old) == ""
+    assert common.describe_old_venv(new, old) == ""
     fake_command(old / "bin", "python")
-    note = common.old_venv_note(new, old)
+    note = common.describe_old_venv(new, old)
     assert f"{old} is not used any more" in note and f"Creating {new};" in note
     # --venv .venv: the user's choice.
-    assert common.old_venv_note(old, old) == ""
+    assert common.describe_old_venv(old, old) == ""

@@ -46,7 +46,7 @@ def test_a_call_through_the_plt_is_redirected(tmp_path, monkeypatch):
     )
     found = callers.find_references(lib, {SYMBOL: "libtorch_cpu.so"})[SYMBOL]
     assert [(r.referrer, r.through_relocation) for r in found] == [("main()", True)]
-    assert callers.unsound_redirects(lib, [SYMBOL]) == {SYMBOL: []}
+    assert callers.find_unsound_redirects(lib, [SYMBOL]) == {SYMBOL: []}
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_a_reference_no_relocation_carries_is_refused(
     tmp_path, monkeypatch, instruction
 ):
     lib = fake_binutils(tmp_path, monkeypatch, caller("_Z4mainv", instruction))
-    [unsound] = callers.unsound_redirects(lib, [SYMBOL])[SYMBOL]
+    [unsound] = callers.find_unsound_redirects(lib, [SYMBOL])[SYMBOL]
     assert unsound.describe() == "main() in libtorch_python.so (refers to it directly)"
 
 
@@ -87,10 +87,11 @@ def test_a_function_only_its_binding_calls_can_be_carried_by_it(tmp_path, monkey
         tmp_path, monkeypatch, caller("_Z4mainv", f"call 10 <{SYMBOL}@plt>")
     )
     assert [
-        r.referrer for r in callers.unsound_binding_replacements(lib, [SYMBOL])[SYMBOL]
+        r.referrer
+        for r in callers.find_unsound_binding_replacements(lib, [SYMBOL])[SYMBOL]
     ] == ["main()"]
     with pytest.raises(callers.CallersError, match="no library in .* defines _Z1gv"):
-        callers.unsound_binding_replacements(lib, ["_Z1gv"])
+        callers.find_unsound_binding_replacements(lib, ["_Z1gv"])
 
 
 def test_a_function_nothing_is_seen_calling_is_not_carried_by_its_binding(
@@ -98,7 +99,7 @@ def test_a_function_nothing_is_seen_calling_is_not_carried_by_its_binding(
 ):
     # Not even its binding: it is called in a way the check cannot see.
     lib = fake_binutils(tmp_path, monkeypatch, caller("_Z4mainv"))
-    found = callers.unsound_binding_replacements(lib, [SYMBOL])
+    found = callers.find_unsound_binding_replacements(lib, [SYMBOL])
     assert [r.referrer for r in found[SYMBOL]] == [
         "no call site was found, not even its binding's"
     ]
@@ -129,4 +130,4 @@ def test_libtorch_calls_finalize_backward_through_its_plt():
     found = callers.find_references(lib, {symbol: library})[symbol]
     assert found and all(r.through_relocation for r in found), found
     assert any("mark_variable_ready" in r.referrer for r in found)
-    assert callers.unsound_redirects(lib, [symbol]) == {symbol: []}
+    assert callers.find_unsound_redirects(lib, [symbol]) == {symbol: []}

@@ -150,8 +150,8 @@ def test_the_parameters_of_a_head_are_forwarded_by_name():
     head = (
         "int A::f(\n    const std::map<int, int>& m,\n    int n = 3,\n    char* s) {\n"
     )
-    assert codegen._parameter_names(head, "A::f") == ["m", "n", "s"]
-    assert codegen._parameter_names("void A::g() {\n", "A::g") == []
+    assert codegen._list_parameter_names(head, "A::f") == ["m", "n", "s"]
+    assert codegen._list_parameter_names("void A::g() {\n", "A::g") == []
 
 
 STOCK = """namespace c10d {

@@ -32,7 +32,7 @@ def test_a_patch_is_found_by_its_subject_whatever_its_number(tmp_path):
     )
     subject = commits.read_subject(tmp_path / "0007-b.patch")
     assert commits.find_patch(tmp_path, subject) == tmp_path / "0007-b.patch"
-    assert commits.patches_through(tmp_path, subject) == [
+    assert commits.list_patches_through(tmp_path, subject) == [
         tmp_path / "0001-a.patch",
         tmp_path / "0007-b.patch",
     ]

@@ -18,7 +18,7 @@ GLOO_BASE = "".join(f"int base_{n};\n" for n in range(1, 11)) + (
 
 def test_series_roles(site):
     s = series.read_series(PATCHES, site)
-    assert sorted(series.installed_path(p) for p in s.applied) == sorted(ORIGINALS)
+    assert sorted(series.find_installed_path(p) for p in s.applied) == sorted(ORIGINALS)
     assert s.added and {f.path for f in s.added} <= set(series.COMPILED)
     assert "Reducer::update_process_group" in {f.name for f in s.added}
 
@@ -218,7 +218,7 @@ def test_v2_14_series_roles(tmp_path):
     for patch in commits.list_patches(upstream.patches(REPO)):
         for line in patch.read_text().splitlines():
             if line.startswith("+++ b/") and not line.endswith(".cpp"):
-                path = series.installed_path(line[len("+++ b/") :])
+                path = series.find_installed_path(line[len("+++ b/") :])
                 (site / path).parent.mkdir(parents=True, exist_ok=True)
                 (site / path).write_text("")
     s = series.read_series(upstream.patches(REPO), site)

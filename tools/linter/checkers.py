@@ -35,7 +35,7 @@ def run_tool(code: str, cmd: List[str]) -> subprocess.CompletedProcess:
         sys.exit(0)
 
 
-def flake8(paths: List[str]) -> List[LintMessage]:
+def run_flake8(paths: List[str]) -> List[LintMessage]:
     result = run_tool(
         "FLAKE8",
         [sys.executable, "-m", "flake8", "--config", str(REPO / ".flake8"), *paths],
@@ -77,8 +77,8 @@ def flake8(paths: List[str]) -> List[LintMessage]:
     return messages
 
 
-def clang_format_messages(path: str, text: str, description: str) -> List[LintMessage]:
-    """A "format" message for ``text``, the file ``path``, if clang-format would change it."""
+def check_clang_format(path: str, text: str, description: str) -> List[LintMessage]:
+    """Return a "format" message for ``text``, the file ``path``, if clang-format would change it."""
     result = subprocess.run(
         [
             "clang-format",
@@ -126,8 +126,8 @@ def clang_format_messages(path: str, text: str, description: str) -> List[LintMe
 BLACK_TARGET_VERSIONS = ("PY38", "PY39", "PY310", "PY311")
 
 
-def ufmt_format(path: str, text: str) -> str:
-    """``text`` as PyTorch's UFMT linter would format the file ``path`` of the PyTorch tree.
+def format_with_ufmt(path: str, text: str) -> str:
+    """Format ``text`` as PyTorch's UFMT linter would format the file ``path`` of the PyTorch tree.
 
     Raises what black and usort raise for a file they cannot parse.
     """

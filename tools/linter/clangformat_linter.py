@@ -5,23 +5,23 @@
 
 from typing import List
 
-from checkers import clang_format_messages
-from lint_message import argument_parser, lint_and_emit, LintMessage, REPO
+from checkers import check_clang_format
+from lint_message import lint_and_emit, LintMessage, make_argument_parser, REPO
 
 
-def clang_format(paths: List[str]) -> List[LintMessage]:
+def lint_clang_format(paths: List[str]) -> List[LintMessage]:
     messages = []
     for path in paths:
         text = (REPO / path).read_text()
-        messages += clang_format_messages(
+        messages += check_clang_format(
             path, text, "Run `lintrunner -a` to apply PyTorch's clang-format style."
         )
     return messages
 
 
 def main() -> None:
-    args = argument_parser(__doc__).parse_args()
-    lint_and_emit(lambda: clang_format(args.paths))
+    args = make_argument_parser(__doc__).parse_args()
+    lint_and_emit(lambda: lint_clang_format(args.paths))
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ class LintMessage(NamedTuple):
     description: Optional[str]
 
 
-def argument_parser(description: str) -> argparse.ArgumentParser:
-    """A linter's command line: the paths that lintrunner passes it as @PATHSFILE."""
+def make_argument_parser(description: str) -> argparse.ArgumentParser:
+    """Make a linter's command line: the paths that lintrunner passes it as @PATHSFILE."""
     parser = argparse.ArgumentParser(
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,

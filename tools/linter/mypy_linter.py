@@ -5,10 +5,16 @@ import sys
 from typing import List
 
 from checkers import run_tool
-from lint_message import argument_parser, lint_and_emit, LintMessage, LintSeverity, REPO
+from lint_message import (
+    lint_and_emit,
+    LintMessage,
+    LintSeverity,
+    make_argument_parser,
+    REPO,
+)
 
 
-def mypy(paths: List[str]) -> List[LintMessage]:
+def run_mypy(paths: List[str]) -> List[LintMessage]:
     # mypy 1.4 warns about its own use of mypy_extensions on stderr.
     python = [sys.executable, "-W", "ignore::DeprecationWarning"]
     result = run_tool(
@@ -52,8 +58,8 @@ def mypy(paths: List[str]) -> List[LintMessage]:
 
 
 def main() -> None:
-    args = argument_parser(__doc__).parse_args()
-    lint_and_emit(lambda: mypy(args.paths))
+    args = make_argument_parser(__doc__).parse_args()
+    lint_and_emit(lambda: run_mypy(args.paths))
 
 
 if __name__ == "__main__":

@@ -42,8 +42,14 @@ import unidiff
 
 # From this script's folder, as lintrunner runs it; torch_overlay is the package that
 # scripts/lint's venv, where this runs (lintrunner's python3), has installed.
-from checkers import clang_format_messages, flake8, ufmt_format
-from lint_message import argument_parser, lint_and_emit, LintMessage, LintSeverity, REPO
+from checkers import check_clang_format, format_with_ufmt, run_flake8
+from lint_message import (
+    lint_and_emit,
+    LintMessage,
+    LintSeverity,
+    make_argument_parser,
+    REPO,
+)
 from torch_overlay import bases, build, callers, carriage, install, series, wheel
 from torch_overlay.reporting import OverlayError
 
@@ -71,7 +77,7 @@ SCOPES: Dict[str, Tuple[str, ...]] = {
 }
 
 
-def error(
+def make_error(
     path: str, name: str, description: str, line: Optional[int] = None
 ) -> LintMessage:
     return LintMessage(
@@ -87,11 +93,11 @@ def error(
     )
 
 
-def message(
+def make_message(
     patch: pathlib.Path, name: str, description: str, line: Optional[int] = None
 ) -> LintMessage:
-    """An error in ``patch``, at ``line`` of the patch file if given."""
-    return error(str(patch.relative_to(REPO)), name, description, line)
+    """Make an error in ``patch``, at ``line`` of the patch file if given."""
+    return make_error(str(patch.relative_to(REPO)), name, description, line)
 
 
 def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
@@ -100,12 +106,12 @@ def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
     found = []
     for field in ("From", "Date", "Subject"):
         if not headers.get(field):
-            found.append(message(patch, "header", f"no {field}: header"))
+            found.append(make_message(patch, "header", f"no {field}: header"))
     subject = " ".join((headers.get("Subject") or "").split())
     match = SUBJECT.match(subject)
     if not match:
         found.append(
-            message(
+            make_message(
                 patch,
                 "subject",
                 f"subject {subject!r} is not '[area] Title', e.g. '[c10d] Add ...'",
@@ -116,17 +122,19 @@ def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
     why = [p for p in paragraphs if not TEST_PLAN.match(p)]
     if sum(len(p.splitlines()) for p in why) < 2:
         found.append(
-            message(patch, "body", "the commit message has no body that explains why")
+            make_message(
+                patch, "body", "the commit message has no body that explains why"
+            )
         )
     if not TEST_PLAN.search(body):
         found.append(
-            message(patch, "test-plan", "the commit message has no 'Test Plan:'")
+            make_message(patch, "test-plan", "the commit message has no 'Test Plan:'")
         )
     for line in paragraphs[-1].splitlines() if paragraphs else ():
         trailer = TRAILER.match(line)
         if trailer and trailer["token"] not in PYTORCH_TRAILERS:
             found.append(
-                message(
+                make_message(
                     patch,
                     "trailer",
                     f"{trailer['token']}: is not a PyTorch trailer; cite upstream PRs in the body, as #N",
@@ -135,7 +143,7 @@ def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
     return found
 
 
-def scope_of(subject_match) -> Tuple[str, ...]:
+def find_scope(subject_match) -> Tuple[str, ...]:
     area = subject_match["area"]
     if area == "DDP" and subject_match["title"].startswith("Test"):
         area = "DDP test"
@@ -149,17 +157,17 @@ def lint_scope(
     match = SUBJECT.match(" ".join(header.group(1).split())) if header else None
     if not match:
         return []  # lint_header reports it
-    allowed = scope_of(match)
+    allowed = find_scope(match)
     if not allowed:
         return [
-            message(
+            make_message(
                 patch,
                 "scope",
                 f"unknown area [{match['area']}]; known: {', '.join(SCOPES)}",
             )
         ]
     return [
-        message(
+        make_message(
             patch,
             "scope",
             f"{f.path} is outside what [{match['area']}] {match['title']!r} covers: {', '.join(allowed)}",
@@ -169,14 +177,14 @@ def lint_scope(
     ]
 
 
-def reformat_key(value: str, keep_indentation: bool) -> str:
-    """What a line is, whitespace aside, or but its indentation."""
+def make_reformat_key(value: str, keep_indentation: bool) -> str:
+    """Return what a line is, whitespace aside, or all but its indentation."""
     indentation = value[: len(value) - len(value.lstrip())] if keep_indentation else ""
     return indentation + "".join(value.split())
 
 
 def changes_blocks(hunk: unidiff.Hunk) -> bool:
-    """Whether a C++ hunk opens or closes a block that it did not have before."""
+    """Tell whether a C++ hunk opens or closes a block that it did not have before."""
 
     def braces(lines):
         return {
@@ -200,7 +208,7 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
                 (".py", ".pyi")
             ) or changes_blocks(hunk)
             removed = {
-                reformat_key(line.value, keep_indentation)
+                make_reformat_key(line.value, keep_indentation)
                 for line in hunk
                 if line.is_removed
             }
@@ -212,7 +220,7 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
                 value = line.value.rstrip("\n")
                 if value != value.rstrip() or "\t" in value:
                     found.append(
-                        message(
+                        make_message(
                             patch,
                             "whitespace",
                             "added line has trailing whitespace or a tab",
@@ -221,11 +229,11 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
                     )
                 if (
                     line.value.strip()
-                    and reformat_key(line.value, keep_indentation) in removed
+                    and make_reformat_key(line.value, keep_indentation) in removed
                     and line.value not in moved
                 ):
                     found.append(
-                        message(
+                        make_message(
                             patch,
                             "reformat",
                             f"{patched_file.path}: this line only re-formats a line the hunk removes",
@@ -235,10 +243,10 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
     return found
 
 
-def added_lines(
+def map_added_lines(
     patch_sets: Dict[pathlib.Path, unidiff.PatchSet], path: str
 ) -> Dict[int, Tuple[pathlib.Path, int]]:
-    """Line in the final patched ``path`` -> (patch, line in the patch), for every line the series adds.
+    """Map each line in the final patched ``path`` to (patch, line in the patch), for every line the series adds.
 
     Follows each added line through the later patches: their hunks shift it, keep it as
     context, or remove it (then it is not in the final file). A line that a later patch
@@ -283,8 +291,8 @@ def added_lines(
     return lines
 
 
-def changed_lines(before: str, after: str) -> Set[int]:
-    """The lines of ``before`` (from 1) that turning it into ``after`` changes or removes.
+def find_changed_lines(before: str, after: str) -> Set[int]:
+    """Return the lines of ``before`` (from 1) that turning it into ``after`` changes or removes.
 
     Lines inserted between two lines count for both of them.
     """
@@ -303,22 +311,22 @@ def changed_lines(before: str, after: str) -> Set[int]:
 def lint_ufmt(
     tree: pathlib.Path, repo_path: str, added: Dict[int, Tuple[pathlib.Path, int]]
 ) -> List[LintMessage]:
-    """The lines the series adds to ``repo_path`` that PyTorch's black and usort would change."""
+    """Report the lines the series adds to ``repo_path`` that PyTorch's black and usort would change."""
     text = (tree / repo_path).read_text()
     try:
-        formatted = ufmt_format(repo_path, text)
+        formatted = format_with_ufmt(repo_path, text)
     except Exception as e:
         # Black and usort raise their own errors for code they cannot parse.
         description = f"black/usort cannot format the patched {repo_path}: {type(e).__name__}: {e}"
-        return [error("patches", "ufmt", description)]
+        return [make_error("patches", "ufmt", description)]
     found = []
-    for n in sorted(changed_lines(text, formatted) & set(added)):
+    for n in sorted(find_changed_lines(text, formatted) & set(added)):
         patch, diff_line = added[n]
         description = (
             f"{repo_path}:{n} is not formatted as PyTorch's UFMT linter (black + usort) formats it; "
             "run black and usort on the patched file and carry the change into the patch"
         )
-        found.append(message(patch, "ufmt", description, diff_line))
+        found.append(make_message(patch, "ufmt", description, diff_line))
     return found
 
 
@@ -327,14 +335,14 @@ def lint_added_code(
 ) -> List[LintMessage]:
     found = []
     for repo_path in patches.applied:
-        added = added_lines(patch_sets, repo_path)
+        added = map_added_lines(patch_sets, repo_path)
         # PyTorch's flake8 settings exclude stubs (*.pyi).
         if repo_path.endswith(".py"):
-            for m in flake8([str(tree / repo_path)]):
+            for m in run_flake8([str(tree / repo_path)]):
                 if m.line in added:
                     patch, diff_line = added[m.line]
                     found.append(
-                        message(
+                        make_message(
                             patch,
                             f"flake8-{m.name}",
                             f"{repo_path}:{m.line}: {m.description}",
@@ -345,13 +353,17 @@ def lint_added_code(
             found += lint_ufmt(tree, repo_path, added)
         elif repo_path.endswith(series.HEADER_SUFFIXES):
             text = (tree / repo_path).read_text()
-            for m in clang_format_messages(repo_path, text, ""):
-                for n in sorted(changed_lines(text, m.replacement or "") & set(added)):
+            for m in check_clang_format(repo_path, text, ""):
+                for n in sorted(
+                    find_changed_lines(text, m.replacement or "") & set(added)
+                ):
                     patch, diff_line = added[n]
                     description = (
                         f"{repo_path}:{n} is not in PyTorch's clang-format style"
                     )
-                    found.append(message(patch, "clang-format", description, diff_line))
+                    found.append(
+                        make_message(patch, "clang-format", description, diff_line)
+                    )
     # The functions the series adds and changes in the sources the wheel lacks, whole.
     functions = patches.declarations + patches.replaced + patches.added
     source = (
@@ -359,9 +371,9 @@ def lint_added_code(
         + "\n".join(f.text for f in functions)
         + "\n} // namespace c10d\n"
     )
-    for m in clang_format_messages(series.REDUCER_CPP, source, ""):
+    for m in check_clang_format(series.REDUCER_CPP, source, ""):
         found.append(
-            error(
+            make_error(
                 "patches",
                 "clang-format",
                 "the functions the series adds to and changes in "
@@ -382,7 +394,7 @@ def lint_agreement(
             result = subprocess.run(command, cwd=tmp, capture_output=True, text=True)
             if result.returncode != 0:
                 description = f"its test/ hunks do not apply after the patches before it: {result.stderr.strip()}"
-                return found + [message(patch, "apply", description)]
+                return found + [make_message(patch, "apply", description)]
         for added in pathlib.Path(tmp).rglob("*"):
             if not added.is_file():
                 continue
@@ -390,7 +402,7 @@ def lint_agreement(
             mine = base.repo_path(REPO, relative)
             if not mine.is_file() or mine.read_bytes() != added.read_bytes():
                 found.append(
-                    error(
+                    make_error(
                         str(mine.relative_to(REPO)),
                         "agree",
                         f"{mine.relative_to(REPO)} differs from the {relative} that the {base.name} series adds; "
@@ -407,7 +419,7 @@ SNAPSHOT_ENV = "PATCH_SERIES_SNAPSHOT"
 def lint_git_am(
     torch: wheel.Torch, patch_files: List[pathlib.Path], patches: series.Series
 ) -> List[LintMessage]:
-    """The first patch that `git am` cannot apply on top of the ones before it, if any."""
+    """Report the first patch that `git am` cannot apply on top of the ones before it, if any."""
     snapshot = os.environ.get(SNAPSHOT_ENV)
     with tempfile.TemporaryDirectory() as tmp:
         tree = pathlib.Path(tmp)
@@ -446,12 +458,12 @@ def lint_git_am(
                     else ""
                 )
                 description = f"git am fails on the base's files after the patches before it{left_out}: {result.stderr.strip()}"
-                return [message(patch, "am", description)]
+                return [make_message(patch, "am", description)]
     return []
 
 
-def base_torch(base: bases.Base) -> wheel.Torch:
-    """The torch of ``base``'s overlay venv: this interpreter's, or the venv scripts/overlay makes for it."""
+def find_base_torch(base: bases.Base) -> wheel.Torch:
+    """Return the torch of ``base``'s overlay venv: this interpreter's, or the venv scripts/overlay makes for it."""
     torch = wheel.Torch.find()
     if bases.parse(torch.version) == base.release:
         return torch
@@ -473,7 +485,7 @@ def lint(paths: List[pathlib.Path]) -> List[LintMessage]:
     for name, patch_files in by_base.items():
         if name not in bases.BASES:
             found.append(
-                error(
+                make_error(
                     str(patch_files[0].parent.relative_to(REPO)),
                     "base",
                     f"no base {name!r}: the series go in patches/BASE/, BASE one of {', '.join(bases.BASES)}",
@@ -520,7 +532,7 @@ def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintM
         found += lint_scope(patch, text, patch_sets[patch])
         found += lint_noise(patch, patch_sets[patch])
     try:
-        torch = base_torch(base)
+        torch = find_base_torch(base)
         patches = series.read_series(base.patches(REPO), torch.site_packages)
         sources = install.read_originals(torch, patches.applied)
         with tempfile.TemporaryDirectory() as tmp:
@@ -530,7 +542,7 @@ def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintM
             found += lint_added_code(pathlib.Path(tmp), patches, patch_sets)
         found += lint_carriage(torch, patches)
     except (series.SeriesError, OverlayError, callers.CallersError) as e:
-        return found + [error(f"patches/{base.name}", "apply", str(e))]
+        return found + [make_error(f"patches/{base.name}", "apply", str(e))]
     return (
         found
         + lint_git_am(torch, patch_files, patches)
@@ -539,7 +551,7 @@ def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintM
 
 
 def main() -> None:
-    args = argument_parser(__doc__).parse_args()
+    args = make_argument_parser(__doc__).parse_args()
     lint_and_emit(lambda: lint([pathlib.Path(p) for p in args.paths]))
 
 

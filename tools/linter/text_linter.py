@@ -7,12 +7,18 @@
 
 from typing import List
 
-from lint_message import argument_parser, lint_and_emit, LintMessage, LintSeverity, REPO
+from lint_message import (
+    lint_and_emit,
+    LintMessage,
+    LintSeverity,
+    make_argument_parser,
+    REPO,
+)
 
 CHECKS = ("newlines", "spaces", "tabs")
 
 
-def text_checks(kind: str, paths: List[str]) -> List[LintMessage]:
+def check_text(kind: str, paths: List[str]) -> List[LintMessage]:
     messages = []
     code = kind.upper()
     for path in paths:
@@ -66,10 +72,10 @@ def text_checks(kind: str, paths: List[str]) -> List[LintMessage]:
 
 
 def main() -> None:
-    parser = argument_parser(__doc__)
+    parser = make_argument_parser(__doc__)
     parser.add_argument("--check", choices=CHECKS, required=True)
     args = parser.parse_args()
-    lint_and_emit(lambda: text_checks(args.check, args.paths))
+    lint_and_emit(lambda: check_text(args.check, args.paths))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,14 @@
 
 from typing import List
 
-from checkers import ufmt_format
-from lint_message import argument_parser, lint_and_emit, LintMessage, LintSeverity, REPO
+from checkers import format_with_ufmt
+from lint_message import (
+    lint_and_emit,
+    LintMessage,
+    LintSeverity,
+    make_argument_parser,
+    REPO,
+)
 
 UFMT_DESCRIPTION = "Run `lintrunner -a` to apply PyTorch's black and usort formatting."
 # The test files that the patch series builds (this repository keeps a copy per base).
@@ -17,12 +23,12 @@ SERIES_BUILT_DESCRIPTION = (
 )
 
 
-def ufmt(paths: List[str]) -> List[LintMessage]:
+def lint_ufmt(paths: List[str]) -> List[LintMessage]:
     messages = []
     for path in paths:
         text = (REPO / path).read_text()
         try:
-            formatted = ufmt_format(path, text)
+            formatted = format_with_ufmt(path, text)
         except Exception as e:
             # Black and usort raise their own errors for code they cannot parse.
             messages.append(
@@ -61,8 +67,8 @@ def ufmt(paths: List[str]) -> List[LintMessage]:
 
 
 def main() -> None:
-    args = argument_parser(__doc__).parse_args()
-    lint_and_emit(lambda: ufmt(args.paths))
+    args = make_argument_parser(__doc__).parse_args()
+    lint_and_emit(lambda: lint_ufmt(args.paths))
 
 
 if __name__ == "__main__":
