@@ -18,17 +18,17 @@ from conftest import BASE, git, GIT, load_module, PATCHES, REPO
 LINTER = REPO / "tools" / "linter"
 # As lintrunner runs them, the linters import their shared modules (lint_message, checkers)
 # from their own folder: each is loaded under its name, after those that it imports.
-lint_message, checkers, patch_series, text_linter, ufmt_linter = (
+lint_message, checkers, mypy_linter, patch_series, text_linter, ufmt_linter = (
     load_module(LINTER / f"{name}.py", name, register=True)
     for name in (
         "lint_message",
         "checkers",
+        "mypy_linter",
         "patch_series",
         "text_linter",
         "ufmt_linter",
     )
 )
-LintMessage, LintSeverity = lint_message.LintMessage, lint_message.LintSeverity
 
 REAL = sorted(PATCHES.glob("*.patch"))
 HEADER = """From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
@@ -215,16 +215,8 @@ def test_adapter_prints_only_lint_messages_on_stdout(tmp_path, monkeypatch, caps
             "[overlay] checking that nothing in libtorch but the Python bindings calls Reducer::reset_state"
         )
         return [
-            LintMessage(
-                path=str(paths[0]),
-                line=None,
-                char=None,
-                code="PATCHES",
-                severity=LintSeverity.ERROR,
-                name="apply",
-                original=None,
-                replacement=None,
-                description="it does not apply",
+            lint_message.make_message(
+                "PATCHES", "apply", "it does not apply", path=str(paths[0])
             )
         ]
 
@@ -302,7 +294,26 @@ def test_each_linter_loads_its_modules_once(linter, tmp_path):
 def test_flake8_adapter(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import os\n")
-    assert [(m.name, m.line) for m in checkers.run_flake8([str(bad)])] == [("F401", 1)]
+    assert [(m.name, m.line, m.char) for m in checkers.run_flake8([str(bad)])] == [
+        ("F401", 1, 1)
+    ]
+
+
+def test_mypy_output_gives_its_errors_and_leaves_its_notes_out():
+    output = (
+        'a.py:3: error: Name "x" is not defined  [name-defined]\n'
+        "a.py:4: note: See https://mypy.rtfd.io\n"
+        "a.py:5: error: Something without a code\n"
+        "Found 2 errors in 1 file (checked 1 source file)\n"
+    )
+    found = checkers.parse_errors("MYPY", mypy_linter.MYPY_MESSAGE, output)
+    assert [(m.path, m.line, m.char, m.name, m.description) for m in found] == [
+        ("a.py", 3, None, "name-defined", 'Name "x" is not defined'),
+        ("a.py", 5, None, "error", "Something without a code"),
+    ]
+    assert {(m.code, m.severity) for m in found} == {
+        ("MYPY", lint_message.LintSeverity.ERROR)
+    }
 
 
 def test_clang_format_adapter():
@@ -317,8 +328,13 @@ def test_clang_format_adapter():
 def test_text_checks(tmp_path, monkeypatch):
     monkeypatch.setattr(text_linter, "REPO", tmp_path)
     (tmp_path / "a.txt").write_text("x \n\ty\n\n")
-    assert names(text_linter.check_text("spaces", ["a.txt"])) == ["trailing-space"]
-    assert names(text_linter.check_text("tabs", ["a.txt"])) == ["tab"]
+    found = text_linter.check_text("spaces", ["a.txt"]) + text_linter.check_text(
+        "tabs", ["a.txt"]
+    )
+    assert [(m.code, m.name, m.line, m.char) for m in found] == [
+        ("SPACES", "trailing-space", 1, 2),
+        ("TABS", "tab", 2, 1),
+    ]
     assert names(text_linter.check_text("newlines", ["a.txt"])) == ["newline"]
     (tmp_path / "b.txt").write_text("fine\n")
     assert text_linter.check_text("newlines", ["b.txt"]) == []

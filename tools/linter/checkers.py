@@ -9,7 +9,7 @@ import subprocess
 import sys
 from typing import List
 
-from lint_message import emit, LintMessage, LintSeverity, REPO
+from lint_message import emit, LintMessage, LintSeverity, make_message, REPO
 
 
 def run_tool(code: str, cmd: List[str]) -> subprocess.CompletedProcess:
@@ -19,20 +19,41 @@ def run_tool(code: str, cmd: List[str]) -> subprocess.CompletedProcess:
     except OSError as e:
         emit(
             [
-                LintMessage(
-                    path=None,
-                    line=None,
-                    char=None,
-                    code=code,
-                    severity=LintSeverity.ERROR,
-                    name="command-failed",
-                    original=None,
-                    replacement=None,
-                    description=f"{cmd[0]}: {e}; run lintrunner init",
+                make_message(
+                    code, "command-failed", f"{cmd[0]}: {e}; run lintrunner init"
                 )
             ]
         )
         sys.exit(0)
+
+
+def parse_errors(code: str, pattern: re.Pattern[str], output: str) -> List[LintMessage]:
+    """Make an error of each line of ``output`` that ``pattern`` matches.
+
+    ``pattern`` has the groups path, line and message, and may have col, name (the error's
+    name is "error" where it has none) and severity (a line whose severity is not "error" is
+    left out).
+    """
+    errors = []
+    for line in output.splitlines():
+        match = pattern.match(line)
+        if match and match.groupdict().get("severity", "error") == "error":
+            errors.append(
+                make_message(
+                    code,
+                    match.groupdict().get("name") or "error",
+                    match["message"],
+                    path=match["path"],
+                    line=int(match["line"]),
+                    char=int(match["col"]) if "col" in pattern.groupindex else None,
+                )
+            )
+    return errors
+
+
+FLAKE8_ERROR = re.compile(
+    r"^(?P<path>.*?):(?P<line>\d+):(?P<col>\d+): (?P<name>\S+) (?P<message>.*)$"
+)
 
 
 def run_flake8(paths: List[str]) -> List[LintMessage]:
@@ -40,40 +61,9 @@ def run_flake8(paths: List[str]) -> List[LintMessage]:
         "FLAKE8",
         [sys.executable, "-m", "flake8", "--config", str(REPO / ".flake8"), *paths],
     )
-    pattern = re.compile(
-        r"^(?P<path>.*?):(?P<line>\d+):(?P<col>\d+): (?P<name>\S+) (?P<message>.*)$"
-    )
-    messages = []
-    for line in result.stdout.splitlines():
-        match = pattern.match(line)
-        if match:
-            messages.append(
-                LintMessage(
-                    path=match["path"],
-                    line=int(match["line"]),
-                    char=int(match["col"]),
-                    code="FLAKE8",
-                    severity=LintSeverity.ERROR,
-                    name=match["name"],
-                    original=None,
-                    replacement=None,
-                    description=match["message"],
-                )
-            )
+    messages = parse_errors("FLAKE8", FLAKE8_ERROR, result.stdout)
     if result.returncode not in (0, 1) or (result.returncode == 1 and not messages):
-        messages.append(
-            LintMessage(
-                path=None,
-                line=None,
-                char=None,
-                code="FLAKE8",
-                severity=LintSeverity.ERROR,
-                name="command-failed",
-                original=None,
-                replacement=None,
-                description=result.stderr.strip(),
-            )
-        )
+        messages.append(make_message("FLAKE8", "command-failed", result.stderr.strip()))
     return messages
 
 
@@ -91,31 +81,21 @@ def check_clang_format(path: str, text: str, description: str) -> List[LintMessa
     )
     if result.returncode != 0:
         return [
-            LintMessage(
-                path=path,
-                line=None,
-                char=None,
-                code="CLANGFORMAT",
-                severity=LintSeverity.ERROR,
-                name="command-failed",
-                original=None,
-                replacement=None,
-                description=result.stderr.strip(),
+            make_message(
+                "CLANGFORMAT", "command-failed", result.stderr.strip(), path=path
             )
         ]
     if result.stdout == text:
         return []
     return [
-        LintMessage(
-            path=path,
-            line=None,
-            char=None,
-            code="CLANGFORMAT",
+        make_message(
+            "CLANGFORMAT",
+            "format",
+            description,
             severity=LintSeverity.WARNING,
-            name="format",
+            path=path,
             original=text,
             replacement=result.stdout,
-            description=description,
         )
     ]
 

@@ -34,6 +34,36 @@ class LintMessage(NamedTuple):
     description: Optional[str]
 
 
+def make_message(
+    code: str,
+    name: str,
+    description: str,
+    *,
+    severity: LintSeverity = LintSeverity.ERROR,
+    path: Optional[str] = None,
+    line: Optional[int] = None,
+    char: Optional[int] = None,
+    original: Optional[str] = None,
+    replacement: Optional[str] = None,
+) -> LintMessage:
+    """Make a message of the linter ``code``: an error unless ``severity`` says otherwise.
+
+    It is in ``path`` (at ``line`` and ``char``) where given, and has a fix where
+    ``replacement`` is given: `lintrunner -a` writes it over ``original``, the file's text.
+    """
+    return LintMessage(
+        path=path,
+        line=line,
+        char=char,
+        code=code,
+        severity=severity,
+        name=name,
+        original=original,
+        replacement=replacement,
+        description=description,
+    )
+
+
 def make_argument_parser(description: str) -> argparse.ArgumentParser:
     """Make a linter's command line: the paths that lintrunner passes it as @PATHSFILE."""
     parser = argparse.ArgumentParser(

@@ -4,13 +4,18 @@ import re
 import sys
 from typing import List
 
-from checkers import run_tool
+from checkers import parse_errors, run_tool
 from lint_message import (
     lint_and_emit,
     LintMessage,
-    LintSeverity,
     make_argument_parser,
+    make_message,
     REPO,
+)
+
+# mypy's errors and notes (parse_errors leaves the notes out).
+MYPY_MESSAGE = re.compile(
+    r"^(?P<path>.*?):(?P<line>\d+): (?P<severity>error|note): (?P<message>.*?)(?:  \[(?P<name>.*)\])?$"
 )
 
 
@@ -20,40 +25,9 @@ def run_mypy(paths: List[str]) -> List[LintMessage]:
     result = run_tool(
         "MYPY", [*python, "-m", "mypy", "--config-file", str(REPO / "mypy.ini"), *paths]
     )
-    pattern = re.compile(
-        r"^(?P<path>.*?):(?P<line>\d+): (?P<severity>error|note): (?P<message>.*?)(?:  \[(?P<name>.*)\])?$"
-    )
-    messages = []
-    for line in result.stdout.splitlines():
-        match = pattern.match(line)
-        if match and match["severity"] == "error":
-            messages.append(
-                LintMessage(
-                    path=match["path"],
-                    line=int(match["line"]),
-                    char=None,
-                    code="MYPY",
-                    severity=LintSeverity.ERROR,
-                    name=match["name"] or "error",
-                    original=None,
-                    replacement=None,
-                    description=match["message"],
-                )
-            )
+    messages = parse_errors("MYPY", MYPY_MESSAGE, result.stdout)
     if result.returncode not in (0, 1):
-        messages.append(
-            LintMessage(
-                path=None,
-                line=None,
-                char=None,
-                code="MYPY",
-                severity=LintSeverity.ERROR,
-                name="command-failed",
-                original=None,
-                replacement=None,
-                description=result.stderr.strip(),
-            )
-        )
+        messages.append(make_message("MYPY", "command-failed", result.stderr.strip()))
     return messages
 
 

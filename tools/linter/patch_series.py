@@ -46,8 +46,8 @@ from checkers import check_clang_format, format_with_ufmt, run_flake8
 from lint_message import (
     lint_and_emit,
     LintMessage,
-    LintSeverity,
     make_argument_parser,
+    make_message,
     REPO,
 )
 from torch_overlay import bases, build, callers, carriage, install, series, wheel
@@ -77,27 +77,13 @@ SCOPES: Dict[str, Tuple[str, ...]] = {
 }
 
 
-def make_error(
-    path: str, name: str, description: str, line: Optional[int] = None
-) -> LintMessage:
-    return LintMessage(
-        path=path,
-        line=line,
-        char=None,
-        code=CODE,
-        severity=LintSeverity.ERROR,
-        name=name,
-        original=None,
-        replacement=None,
-        description=description,
-    )
-
-
-def make_message(
+def make_patch_error(
     patch: pathlib.Path, name: str, description: str, line: Optional[int] = None
 ) -> LintMessage:
     """Make an error in ``patch``, at ``line`` of the patch file if given."""
-    return make_error(str(patch.relative_to(REPO)), name, description, line)
+    return make_message(
+        CODE, name, description, path=str(patch.relative_to(REPO)), line=line
+    )
 
 
 def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
@@ -106,12 +92,12 @@ def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
     found = []
     for field in ("From", "Date", "Subject"):
         if not headers.get(field):
-            found.append(make_message(patch, "header", f"no {field}: header"))
+            found.append(make_patch_error(patch, "header", f"no {field}: header"))
     subject = " ".join((headers.get("Subject") or "").split())
     match = SUBJECT.match(subject)
     if not match:
         found.append(
-            make_message(
+            make_patch_error(
                 patch,
                 "subject",
                 f"subject {subject!r} is not '[area] Title', e.g. '[c10d] Add ...'",
@@ -122,19 +108,21 @@ def lint_header(patch: pathlib.Path, text: str) -> List[LintMessage]:
     why = [p for p in paragraphs if not TEST_PLAN.match(p)]
     if sum(len(p.splitlines()) for p in why) < 2:
         found.append(
-            make_message(
+            make_patch_error(
                 patch, "body", "the commit message has no body that explains why"
             )
         )
     if not TEST_PLAN.search(body):
         found.append(
-            make_message(patch, "test-plan", "the commit message has no 'Test Plan:'")
+            make_patch_error(
+                patch, "test-plan", "the commit message has no 'Test Plan:'"
+            )
         )
     for line in paragraphs[-1].splitlines() if paragraphs else ():
         trailer = TRAILER.match(line)
         if trailer and trailer["token"] not in PYTORCH_TRAILERS:
             found.append(
-                make_message(
+                make_patch_error(
                     patch,
                     "trailer",
                     f"{trailer['token']}: is not a PyTorch trailer; cite upstream PRs in the body, as #N",
@@ -160,14 +148,14 @@ def lint_scope(
     allowed = find_scope(match)
     if not allowed:
         return [
-            make_message(
+            make_patch_error(
                 patch,
                 "scope",
                 f"unknown area [{match['area']}]; known: {', '.join(SCOPES)}",
             )
         ]
     return [
-        make_message(
+        make_patch_error(
             patch,
             "scope",
             f"{f.path} is outside what [{match['area']}] {match['title']!r} covers: {', '.join(allowed)}",
@@ -220,7 +208,7 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
                 value = line.value.rstrip("\n")
                 if value != value.rstrip() or "\t" in value:
                     found.append(
-                        make_message(
+                        make_patch_error(
                             patch,
                             "whitespace",
                             "added line has trailing whitespace or a tab",
@@ -233,7 +221,7 @@ def lint_noise(patch: pathlib.Path, patch_set: unidiff.PatchSet) -> List[LintMes
                     and line.value not in moved
                 ):
                     found.append(
-                        make_message(
+                        make_patch_error(
                             patch,
                             "reformat",
                             f"{patched_file.path}: this line only re-formats a line the hunk removes",
@@ -318,7 +306,7 @@ def lint_ufmt(
     except Exception as e:
         # Black and usort raise their own errors for code they cannot parse.
         description = f"black/usort cannot format the patched {repo_path}: {type(e).__name__}: {e}"
-        return [make_error("patches", "ufmt", description)]
+        return [make_message(CODE, "ufmt", description, path="patches")]
     found = []
     for n in sorted(find_changed_lines(text, formatted) & set(added)):
         patch, diff_line = added[n]
@@ -326,7 +314,7 @@ def lint_ufmt(
             f"{repo_path}:{n} is not formatted as PyTorch's UFMT linter (black + usort) formats it; "
             "run black and usort on the patched file and carry the change into the patch"
         )
-        found.append(make_message(patch, "ufmt", description, diff_line))
+        found.append(make_patch_error(patch, "ufmt", description, diff_line))
     return found
 
 
@@ -342,7 +330,7 @@ def lint_added_code(
                 if m.line in added:
                     patch, diff_line = added[m.line]
                     found.append(
-                        make_message(
+                        make_patch_error(
                             patch,
                             f"flake8-{m.name}",
                             f"{repo_path}:{m.line}: {m.description}",
@@ -362,7 +350,7 @@ def lint_added_code(
                         f"{repo_path}:{n} is not in PyTorch's clang-format style"
                     )
                     found.append(
-                        make_message(patch, "clang-format", description, diff_line)
+                        make_patch_error(patch, "clang-format", description, diff_line)
                     )
     # The functions the series adds and changes in the sources the wheel lacks, whole.
     functions = patches.declarations + patches.replaced + patches.added
@@ -373,12 +361,13 @@ def lint_added_code(
     )
     for m in check_clang_format(series.REDUCER_CPP, source, ""):
         found.append(
-            make_error(
-                "patches",
+            make_message(
+                CODE,
                 "clang-format",
                 "the functions the series adds to and changes in "
                 f"{', '.join(sorted({f.path for f in functions}))} are not in PyTorch's "
                 "clang-format style",
+                path="patches",
             )
         )
     return found
@@ -394,7 +383,7 @@ def lint_agreement(
             result = subprocess.run(command, cwd=tmp, capture_output=True, text=True)
             if result.returncode != 0:
                 description = f"its test/ hunks do not apply after the patches before it: {result.stderr.strip()}"
-                return found + [make_message(patch, "apply", description)]
+                return found + [make_patch_error(patch, "apply", description)]
         for added in pathlib.Path(tmp).rglob("*"):
             if not added.is_file():
                 continue
@@ -402,11 +391,12 @@ def lint_agreement(
             mine = base.repo_path(REPO, relative)
             if not mine.is_file() or mine.read_bytes() != added.read_bytes():
                 found.append(
-                    make_error(
-                        str(mine.relative_to(REPO)),
+                    make_message(
+                        CODE,
                         "agree",
                         f"{mine.relative_to(REPO)} differs from the {relative} that the {base.name} series adds; "
                         "change both together",
+                        path=str(mine.relative_to(REPO)),
                     )
                 )
     return found
@@ -458,7 +448,7 @@ def lint_git_am(
                     else ""
                 )
                 description = f"git am fails on the base's files after the patches before it{left_out}: {result.stderr.strip()}"
-                return [make_message(patch, "am", description)]
+                return [make_patch_error(patch, "am", description)]
     return []
 
 
@@ -485,10 +475,11 @@ def lint(paths: List[pathlib.Path]) -> List[LintMessage]:
     for name, patch_files in by_base.items():
         if name not in bases.BASES:
             found.append(
-                make_error(
-                    str(patch_files[0].parent.relative_to(REPO)),
+                make_message(
+                    CODE,
                     "base",
                     f"no base {name!r}: the series go in patches/BASE/, BASE one of {', '.join(bases.BASES)}",
+                    path=str(patch_files[0].parent.relative_to(REPO)),
                 )
             )
             continue
@@ -542,7 +533,9 @@ def lint_series(base: bases.Base, patch_files: List[pathlib.Path]) -> List[LintM
             found += lint_added_code(pathlib.Path(tmp), patches, patch_sets)
         found += lint_carriage(torch, patches)
     except (series.SeriesError, OverlayError, callers.CallersError) as e:
-        return found + [make_error(f"patches/{base.name}", "apply", str(e))]
+        return found + [
+            make_message(CODE, "apply", str(e), path=f"patches/{base.name}")
+        ]
     return (
         found
         + lint_git_am(torch, patch_files, patches)

@@ -5,17 +5,31 @@
   --check tabs      TABS: no line has a tab
 """
 
-from typing import List
+from typing import Callable, Dict, List, Optional, Tuple
 
 from lint_message import (
     lint_and_emit,
     LintMessage,
-    LintSeverity,
     make_argument_parser,
+    make_message,
     REPO,
 )
 
 CHECKS = ("newlines", "spaces", "tabs")
+# The checks of each line: the name of their error, its description, and where in a line
+# they find it (a column from 1), or None.
+LINE_CHECKS: Dict[str, Tuple[str, str, Callable[[str], Optional[int]]]] = {
+    "spaces": (
+        "trailing-space",
+        "Trailing whitespace.",
+        lambda line: len(line.rstrip()) + 1 if line != line.rstrip() else None,
+    ),
+    "tabs": (
+        "tab",
+        "Tab; indent with spaces.",
+        lambda line: line.index("\t") + 1 if "\t" in line else None,
+    ),
+}
 
 
 def check_text(kind: str, paths: List[str]) -> List[LintMessage]:
@@ -26,46 +40,23 @@ def check_text(kind: str, paths: List[str]) -> List[LintMessage]:
         if kind == "newlines":
             if text and not text.endswith("\n") or text.endswith("\n\n"):
                 messages.append(
-                    LintMessage(
+                    make_message(
+                        code,
+                        "newline",
+                        "File must end in exactly one newline.",
                         path=path,
-                        line=None,
-                        char=None,
-                        code=code,
-                        severity=LintSeverity.ERROR,
-                        name="newline",
                         original=text,
                         replacement=text.rstrip("\n") + "\n",
-                        description="File must end in exactly one newline.",
                     )
                 )
             continue
+        name, description, find = LINE_CHECKS[kind]
         for number, line in enumerate(text.splitlines(), 1):
-            if kind == "spaces" and line != line.rstrip():
+            char = find(line)
+            if char is not None:
                 messages.append(
-                    LintMessage(
-                        path=path,
-                        line=number,
-                        char=len(line.rstrip()) + 1,
-                        code=code,
-                        severity=LintSeverity.ERROR,
-                        name="trailing-space",
-                        original=None,
-                        replacement=None,
-                        description="Trailing whitespace.",
-                    )
-                )
-            if kind == "tabs" and "\t" in line:
-                messages.append(
-                    LintMessage(
-                        path=path,
-                        line=number,
-                        char=line.index("\t") + 1,
-                        code=code,
-                        severity=LintSeverity.ERROR,
-                        name="tab",
-                        original=None,
-                        replacement=None,
-                        description="Tab; indent with spaces.",
+                    make_message(
+                        code, name, description, path=path, line=number, char=char
                     )
                 )
     return messages

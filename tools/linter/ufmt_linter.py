@@ -11,6 +11,7 @@ from lint_message import (
     LintMessage,
     LintSeverity,
     make_argument_parser,
+    make_message,
     REPO,
 )
 
@@ -31,36 +32,26 @@ def lint_ufmt(paths: List[str]) -> List[LintMessage]:
             formatted = format_with_ufmt(path, text)
         except Exception as e:
             # Black and usort raise their own errors for code they cannot parse.
+            description = f"{type(e).__name__}: {e}"
             messages.append(
-                LintMessage(
-                    path=path,
-                    line=None,
-                    char=None,
-                    code="UFMT",
-                    severity=LintSeverity.ERROR,
-                    name="command-failed",
-                    original=None,
-                    replacement=None,
-                    description=f"{type(e).__name__}: {e}",
-                )
+                make_message("UFMT", "command-failed", description, path=path)
             )
             continue
         if formatted != text:
+            description = (
+                SERIES_BUILT_DESCRIPTION
+                if path.startswith(SERIES_BUILT)
+                else UFMT_DESCRIPTION
+            )
             messages.append(
-                LintMessage(
-                    path=path,
-                    line=None,
-                    char=None,
-                    code="UFMT",
+                make_message(
+                    "UFMT",
+                    "format",
+                    description,
                     severity=LintSeverity.WARNING,
-                    name="format",
+                    path=path,
                     original=text,
                     replacement=formatted,
-                    description=(
-                        SERIES_BUILT_DESCRIPTION
-                        if path.startswith(SERIES_BUILT)
-                        else UFMT_DESCRIPTION
-                    ),
                 )
             )
     return messages
