@@ -8,34 +8,18 @@ import sys
 
 import pytest
 
-from torch_overlay import bases, install, series
+from torch_overlay import series, testing
+from torch_overlay.testing import BASE
 from torch_overlay.wheel import Torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-# The scripts' tests run in one base's venv, on its series (scripts/test --base v2.1.2).
-BASE = bases.get(bases.TOOL_TESTS_BASE)
 PATCHES = BASE.patches(REPO)
 GIT = ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com"]
 # The identity in the pytorch_tree checkout's own git config.
 USER = ("Pat Contributor", "pat@example.com")
 
 
-def _wheel_originals():
-    """The torch 2.1.2 wheel's own bytes for the files the series patches, by installed path."""
-    torch = Torch.find()
-    if bases.parse(torch.version) != BASE.release:
-        raise pytest.UsageError(
-            f"test/scripts runs in the {BASE.name} venv, with torch {BASE.torch}; this is torch "
-            f"{torch.version}: scripts/test --base {BASE.name} test/scripts"
-        )
-    applied = series.read_series(PATCHES, torch.site_packages).applied
-    return {
-        series.find_installed_path(p): data
-        for p, data in install.read_originals(torch, applied).items()
-    }
-
-
-WHEEL_ORIGINALS = _wheel_originals()
+WHEEL_ORIGINALS = testing.read_wheel_originals(REPO, "test/scripts")
 
 
 # The C++ sources of the tree that the series changes, which the wheel lacks.

@@ -8,34 +8,13 @@ import hashlib
 import pathlib
 import subprocess
 
-import pytest
-
-from torch_overlay import bases, install, series
-from torch_overlay.wheel import Torch
+from torch_overlay import testing
+from torch_overlay.testing import BASE
 
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-# The overlay's tests run in one base's venv, on its series (scripts/test --base v2.1.2).
-BASE = bases.get(bases.TOOL_TESTS_BASE)
 PATCHES = BASE.patches(REPO)
-
-
-def read_wheel_originals():
-    """Return the wheel's own bytes of the files the series patches, by installed path."""
-    torch = Torch.find()
-    if bases.parse(torch.version) != BASE.release:
-        raise pytest.UsageError(
-            f"test/torch_overlay runs in the {BASE.name} venv, with torch {BASE.torch}; this is torch "
-            f"{torch.version}: scripts/test --base {BASE.name} test/torch_overlay"
-        )
-    applied = series.read_series(PATCHES, torch.site_packages).applied
-    return {
-        series.find_installed_path(p): data
-        for p, data in install.read_originals(torch, applied).items()
-    }
-
-
-ORIGINALS = read_wheel_originals()
+ORIGINALS = testing.read_wheel_originals(REPO, "test/torch_overlay")
 
 
 def sha(data: bytes) -> str:
