@@ -32,19 +32,18 @@ else sharing them, over Gloo (--group-backend chooses). Steps are then timed to 
 GPU work, and the peak CUDA memory allocated during a change is reported against the steady
 state's. --paths measures some of the paths only, for example path a alone on a GPU machine.
 
-Writes a table and whether path a meets its goals (GOALS; reported, never asserted: the exit
-status does not depend on them) to stdout, and resume_after_membership_change.json (the goals
-too) and .png to --out.
+Writes a table and whether path a meets its goals (GOALS in benchmarks/resume_report.py;
+reported, never asserted: the exit status does not depend on them) to stdout, and
+resume_after_membership_change.json (the goals too) and .png to --out. The model it trains is
+benchmarks/model.py's, which the recovery benchmark trains too.
 Needs torch with the series (the overlay venv: scripts/benchmark runs it there).
 """
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
 import pathlib
-import re
 import statistics
 import subprocess
 import sys
@@ -53,97 +52,24 @@ import time
 from typing import Dict, List
 
 import torch
-import torch._dynamo
 import torch.distributed as dist
 import torch.nn as nn
+
+from benchmarks.model import LanguageModel, SEQUENCE, SIZES, VOCAB
+from benchmarks.process_stats import count_compiled_graphs, read_peaks, reset_peaks
+from benchmarks.resume_report import (
+    format_goals,
+    format_table,
+    judge_goals,
+    PATHS,
+    plot,
+)
 from torch.nn.parallel import DistributedDataParallel
 
 IN_PROCESS_PATHS = ("a", "a_sync", "b", "d")
-PATHS = ("a", "a_sync", "b", "c", "d")
-VOCAB = 1024
-SEQUENCE = 32
-
-# What path a should achieve; see judge_goals().
-GOALS = {
-    "call_us": 1000.0,  # the _update_process_group call, at every size and world
-    "call_growth": 1.5,  # the call at the largest size measured over the smallest, per world
-    "first_step_over_steady": 1.05,  # the first step after the change, at every size and world
-    "peak_rss_over_steady": 1.05,  # peak RSS during the change over the steady state's
-    "peak_cuda_over_steady": 1.05,  # with --device cuda: peak CUDA memory, likewise
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSize:
-    """A TransformerEncoder language model; every size has the same graph, only wider."""
-
-    name: str
-    dim: int
-    layers: int = 4
-    heads: int = 8
-
-
-# About 1M, 10M and 100M parameters; "tiny" is for the benchmark's own test.
-SIZES = {
-    s.name: s
-    for s in (
-        ModelSize("tiny", dim=32, layers=1, heads=4),
-        ModelSize("1M", dim=128),
-        ModelSize("10M", dim=448),
-        ModelSize("100M", dim=1408),
-    )
-}
-
-
-class LanguageModel(nn.Module):
-    def __init__(self, size: ModelSize):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, size.dim)
-        layer = nn.TransformerEncoderLayer(
-            size.dim,
-            size.heads,
-            dim_feedforward=4 * size.dim,
-            dropout=0.0,
-            batch_first=True,
-        )
-        self.blocks = nn.TransformerEncoder(
-            layer, num_layers=size.layers, enable_nested_tensor=False
-        )
-        self.head = nn.Linear(size.dim, VOCAB)
-
-    def forward(self, tokens):
-        return self.head(self.blocks(self.embed(tokens)))
 
 
 # The ranks
-
-
-def count_compiled_graphs() -> int:
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
-
-
-def reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def read_peak_rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) / 1024
-
-
-def reset_peaks(device: torch.device) -> None:
-    reset_peak_rss()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def read_peaks(device: torch.device) -> dict:
-    """Read the peak RSS, and on CUDA the peak memory allocated, since reset_peaks()."""
-    found = {"peak_rss_mb": read_peak_rss_mb()}
-    if device.type == "cuda":
-        found["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return found
 
 
 def find_group_backend(args) -> str:
@@ -477,210 +403,6 @@ def measure(args, store) -> dict:
         **steady_peaks,
         "paths": paths,
     }
-
-
-def format_table(results: List[dict]) -> str:
-    """Format one line per configuration and path. Entries written before a field existed show n/a."""
-
-    def format_cell(value, spec: str, width: int) -> str:
-        return f"{value:{width}{spec}}" if value is not None else f"{'n/a':>{width}}"
-
-    def format_ratio(value, width: int) -> str:
-        # Two decimals where they matter (near 1), fewer for c's and d's hundreds and thousands.
-        return format_cell(
-            value, ".2f" if value is None or value < 100 else ".0f", width
-        )
-
-    cuda = any(
-        "peak_cuda_mb" in p
-        for r in results
-        if "error" not in r
-        for p in r["paths"].values()
-    )
-    header = (
-        f"{'world':>5} {'params':>7} {'path':6} {'resume s':>9} {'x a':>7} {'ovh ms':>8} {'call us':>7} "
-        f"{'1st/st':>6} {'graphs':>6} {'RSS MB':>6} {'RSS/st':>6}"
-    )
-    lines = [header + (f" {'CUDA MB':>7} {'CUDA/st':>7}" if cuda else "")]
-    for r in results:
-        if "error" in r:
-            lines.append(f"{r['world']:5d} {r['size']:>7} failed: {r['error']}")
-            continue
-        for name in [name for name in PATHS if name in r["paths"]]:
-            p = r["paths"][name]
-            overhead = (
-                p["overhead_s"] * 1e3 if p.get("overhead_s") is not None else None
-            )
-            call = f"{p['call_us']:7.0f}" if p["call_us"] is not None else f"{'':7}"
-            line = (
-                f"{r['world']:5d} {r['parameters'] / 1e6:6.1f}M {name:6} {p['resume_s']:9.3f} {p['over_a']:7.1f} "
-                f"{format_cell(overhead, '.1f', 8)} {call} {format_ratio(p['first_step_over_steady'], 6)} "
-                f"{p['graphs_compiled']:6.0f} {p['peak_rss_mb']:6.0f} {format_ratio(p.get('peak_rss_over_steady'), 6)}"
-            )
-            if cuda:
-                line += f" {format_cell(p.get('peak_cuda_mb'), '.0f', 7)} {format_ratio(p.get('peak_cuda_over_steady'), 7)}"
-            lines.append(line)
-    legend = "ovh: resume less a steady step; 1st/st, RSS/st: first step, peak RSS over the steady's"
-    lines.append(legend + ("; CUDA: peak memory allocated" if cuda else ""))
-    return "\n".join(lines)
-
-
-def judge_goals(results: List[dict]) -> List[dict]:
-    """Judge whether path a meets GOALS in ``results``: one dict per goal, with ``met`` True, False, or
-    None when nothing measured it (configurations that failed, or entries written before the field
-    existed, are left out and counted in ``detail``). Reported, never asserted."""
-    measured = sorted(
-        (r for r in results if "error" not in r),
-        key=lambda r: (r["world"], r["parameters"]),
-    )
-
-    def describe_config(r) -> str:
-        return f"{r['world']} ranks {r['size']}"
-
-    def judge_at_every(key: str, limit: float, text: str, unit: str, spec: str) -> dict:
-        rows = [r for r in measured if r["paths"]["a"].get(key) is not None]
-        skipped = len(measured) - len(rows)
-        goal = {
-            "goal": f"path a's {text} <= {limit:g}{unit} at every size and world",
-            "limit": limit,
-        }
-        if not rows:
-            detail = "no configuration measured it" + (
-                f" ({skipped} older entries lack it)" if skipped else ""
-            )
-            return {**goal, "met": None, "detail": detail}
-        worst = max(rows, key=lambda r: r["paths"]["a"][key])
-        over = [r for r in rows if r["paths"]["a"][key] > limit]
-        detail = f"max {worst['paths']['a'][key]:{spec}}{unit} at {describe_config(worst)}, of {len(rows)} configurations"
-        if over:
-            detail += "; over: " + ", ".join(
-                f"{describe_config(r)} ({r['paths']['a'][key]:{spec}}{unit})"
-                for r in over
-            )
-        if skipped:
-            detail += f"; n/a for {skipped} older entries"
-        return {**goal, "met": not over, "detail": detail}
-
-    summary = [judge_at_every("call_us", GOALS["call_us"], "call", " us", ".0f")]
-    growth_limit = GOALS["call_growth"]
-    worlds = sorted({r["world"] for r in measured})
-    growth = []
-    for world in worlds:
-        rows = [
-            r
-            for r in measured
-            if r["world"] == world and r["paths"]["a"].get("call_us") is not None
-        ]
-        if len({r["size"] for r in rows}) < 2:
-            continue
-        small, large = rows[0], rows[-1]
-        ratio = large["paths"]["a"]["call_us"] / small["paths"]["a"]["call_us"]
-        growth.append(
-            {
-                "goal": f"{world} ranks: path a's call at the largest size <= {growth_limit:g}x the smallest's",
-                "limit": growth_limit,
-                "met": ratio <= growth_limit,
-                "detail": f"{large['size']} {large['paths']['a']['call_us']:.0f} us / {small['size']} "
-                f"{small['paths']['a']['call_us']:.0f} us = {ratio:.2f}x",
-            }
-        )
-    if not growth:
-        growth.append(
-            {
-                "goal": f"per world, path a's call at the largest size <= {growth_limit:g}x the smallest's",
-                "limit": growth_limit,
-                "met": None,
-                "detail": "one size per world measured",
-            }
-        )
-    summary += growth
-    summary.append(
-        judge_at_every(
-            "first_step_over_steady",
-            GOALS["first_step_over_steady"],
-            "first step / steady step",
-            "",
-            ".3f",
-        )
-    )
-    summary.append(
-        judge_at_every(
-            "peak_rss_over_steady",
-            GOALS["peak_rss_over_steady"],
-            "peak RSS / steady state's",
-            "",
-            ".3f",
-        )
-    )
-    if any("peak_cuda_over_steady" in r["paths"]["a"] for r in measured):
-        summary.append(
-            judge_at_every(
-                "peak_cuda_over_steady",
-                GOALS["peak_cuda_over_steady"],
-                "peak CUDA memory / steady state's",
-                "",
-                ".3f",
-            )
-        )
-    return summary
-
-
-def format_goals(summary: List[dict]) -> str:
-    verdicts = {True: "met", False: "NOT MET", None: "n/a"}
-    lines = ["goals (reported, not asserted):"]
-    lines += [f"  {verdicts[g['met']]:7} {g['goal']}: {g['detail']}" for g in summary]
-    return "\n".join(lines)
-
-
-def plot(results: List[dict], title: str, path: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ratios, times) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for world in sorted({r["world"] for r in results}):
-        rows = sorted(
-            (r for r in results if r["world"] == world and "error" not in r),
-            key=lambda r: r["parameters"],
-        )
-        params = [r["parameters"] for r in rows]
-        measured = [name for name in PATHS if rows and name in rows[0]["paths"]]
-        for name, marker in (("b", "o"), ("c", "s"), ("d", "^")):
-            if name in measured:
-                ratios.plot(
-                    params,
-                    [r["paths"][name]["over_a"] for r in rows],
-                    marker=marker,
-                    label=f"{name}/a, {world} ranks",
-                )
-        for name in measured:
-            times.plot(
-                params,
-                [r["paths"][name]["resume_s"] for r in rows],
-                marker="o",
-                label=f"{name}, {world} ranks",
-            )
-    ratios.set(
-        xscale="log",
-        yscale="log",
-        xlabel="parameters",
-        ylabel="time to resume / time with a",
-        title="How much longer than _update_process_group (a)",
-    )
-    times.set(
-        xscale="log",
-        yscale="log",
-        xlabel="parameters",
-        ylabel="seconds",
-        title="Time to resume, to the end of the first step",
-    )
-    for ax in (ratios, times):
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main() -> int:

@@ -4,8 +4,8 @@ python -m benchmarks.recovery [options], from the repository's root, in the over
 v2.14.1 (scripts/benchmark --base v2.14.1 runs it there).
 
 For each world size, model size and compile mode, a driver starts one process per replica
-(Gloo on CPU, a TCPStore the driver hosts), trains the transformer of
-resume_after_membership_change.py with Adam, and at step --kill-step SIGKILLs the last replica
+(Gloo on CPU, a TCPStore the driver hosts), trains the resume benchmark's transformer
+(benchmarks/model.py) with Adam, and at step --kill-step SIGKILLs the last replica
 inside its backward pass or between steps, or stops it (SIGSTOP) inside its backward pass, a
 hung process (--kill-in; all three by default). Once the survivors have completed --join-after
 further steps, a new process takes its place. Paths:
@@ -76,6 +76,7 @@ from typing import Callable, Dict
 
 import torch
 import torch.distributed as dist
+from benchmarks.model import SIZES
 
 from benchmarks.recovery import instructions, plot, report, results
 from benchmarks.recovery.cells import (
@@ -93,7 +94,6 @@ from benchmarks.recovery.measure import (
     measure_steady,
     progress,
 )
-from benchmarks.resume_after_membership_change import SIZES
 
 # The configurations whose cells run three times by default (issue 32): the others once.
 THREE_RUNS = {(4, "1M", "none"), (4, "10M", "none"), (2, "1M", "none")}

@@ -4,9 +4,10 @@ docs/benchmark.md, with the goals; each cell as the median and range of its runs
 import statistics
 from typing import Callable, Dict, List, Optional
 
+from benchmarks.model import SIZES
+
 from benchmarks.recovery import results
 from benchmarks.recovery.cells import CALL_MODES, GOALS, KILL_IN, PATHS, TORCHFT_PATHS
-from benchmarks.resume_after_membership_change import SIZES
 
 FAULTS = {
     "backward": "killed in backward",

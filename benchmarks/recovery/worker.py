@@ -16,15 +16,10 @@ from typing import Callable, List
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from benchmarks.model import LanguageModel, SEQUENCE, SIZES, VOCAB
 
 from benchmarks.recovery.events import Events, locate_error_file
 from benchmarks.recovery.socket_abort import SocketAbort
-from benchmarks.resume_after_membership_change import (
-    LanguageModel,
-    SEQUENCE,
-    SIZES,
-    VOCAB,
-)
 
 BATCH = 4
 # The threads of this process that talk to the store (Heartbeat, SocketAbort), stopped

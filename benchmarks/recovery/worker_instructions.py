@@ -15,9 +15,9 @@ import timeit
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from benchmarks.model import LanguageModel, SIZES
 
 from benchmarks.recovery.worker import make_batch
-from benchmarks.resume_after_membership_change import LanguageModel, SIZES
 from torch.nn.parallel import DistributedDataParallel
 
 WARMUP = 3

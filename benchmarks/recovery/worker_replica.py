@@ -10,14 +10,14 @@ from typing import List
 
 import torch
 import torch.distributed as dist
-
-from benchmarks.recovery import worker
-from benchmarks.recovery.cells import MAX_STEPS
-from benchmarks.resume_after_membership_change import (
+from benchmarks.process_stats import (
     count_compiled_graphs,
     read_peak_rss_mb,
     reset_peak_rss,
 )
+
+from benchmarks.recovery import worker
+from benchmarks.recovery.cells import MAX_STEPS
 from examples.elastic_ddp import reconfigure, release_failed_group, SOLO_UUID
 from torch.nn.parallel import DistributedDataParallel
 

@@ -11,13 +11,13 @@ import sys
 import time
 
 import torch.distributed as dist
-
-from benchmarks.recovery import worker
-from benchmarks.resume_after_membership_change import (
+from benchmarks.process_stats import (
     count_compiled_graphs,
     read_peak_rss_mb,
     reset_peak_rss,
 )
+
+from benchmarks.recovery import worker
 
 
 def main(args) -> int:

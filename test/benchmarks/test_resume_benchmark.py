@@ -16,6 +16,8 @@ import tempfile
 import pytest
 import torch._dynamo.config
 
+from benchmarks import resume_report
+
 BENCHMARK = (
     pathlib.Path(__file__).resolve().parents[2]
     / "benchmarks"
@@ -75,7 +77,7 @@ def test_every_path_is_reported(report):
         row["repeats"],
         row["restarts"],
     ) == (2, "tiny", "eager", 2, 1)
-    assert set(row["paths"]) == set(benchmark.PATHS)
+    assert set(row["paths"]) == set(resume_report.PATHS)
     for name, path in row["paths"].items():
         assert (
             path["resume_s"] > 0
@@ -105,18 +107,18 @@ def test_every_path_is_reported(report):
 
 def test_the_goals_are_reported_after_the_table(report):
     _, stdout, data = report
-    assert data["goals"] == benchmark.judge_goals(data["results"])
+    assert data["goals"] == resume_report.judge_goals(data["results"])
     assert [g["met"] is None for g in data["goals"]] == [
         False,
         True,
         False,
         False,
     ]  # one size: no growth
-    table_end = stdout.index(benchmark.format_table(data["results"])) + len(
-        benchmark.format_table(data["results"])
+    table_end = stdout.index(resume_report.format_table(data["results"])) + len(
+        resume_report.format_table(data["results"])
     )
     assert stdout[table_end:].startswith(
-        "\n" + benchmark.format_goals(data["goals"]) + "\n"
+        "\n" + resume_report.format_goals(data["goals"]) + "\n"
     )
 
 
@@ -158,11 +160,11 @@ def test_update_adds_to_the_results_in_out(report, tmp_path):
     updated = json.loads((tmp_path / "resume_after_membership_change.json").read_text())
     assert [(r["world"], r["repeats"]) for r in updated["results"]] == [(1, 1), (2, 2)]
     assert updated["results"][1] == older["results"][0]
-    assert updated["goals"] == benchmark.judge_goals(updated["results"])
+    assert updated["goals"] == resume_report.judge_goals(updated["results"])
     assert updated["goals"][-1]["detail"].endswith(
         ", of 1 configurations; n/a for 1 older entries"
     )
-    assert benchmark.format_goals(updated["goals"]) in result.stdout
+    assert resume_report.format_goals(updated["goals"]) in result.stdout
     # Adding to results that have their goals (another key than the machine's) works too.
     result = run_benchmark(tmp_path, "--update", "--worlds", "1", "--repeats", "1")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -244,7 +246,7 @@ def test_goals_from_hand_made_results():
             "error": "the rank processes exited with [-9, 0, 0, 0]",
         },
     ]
-    summary = benchmark.judge_goals(results)
+    summary = resume_report.judge_goals(results)
     assert [(g["goal"], g["met"]) for g in summary] == [
         ("path a's call <= 1000 us at every size and world", False),
         ("2 ranks: path a's call at the largest size <= 1.5x the smallest's", True),
@@ -265,12 +267,12 @@ def test_goals_from_hand_made_results():
         "max 1.200 at 4 ranks 100M, of 4 configurations; over: 4 ranks 100M (1.200); "
         "n/a for 1 older entries"
     )
-    text = benchmark.format_goals(summary)
+    text = resume_report.format_goals(summary)
     assert text.splitlines()[1] == f"  NOT MET {summary[0]['goal']}: {details[0]}"
     assert text.splitlines()[2].startswith("  met     2 ranks")
 
     # The configurations within the goals: one world has a single size, so no growth for it.
-    summary = benchmark.judge_goals(results[:4])
+    summary = resume_report.judge_goals(results[:4])
     assert [(g["goal"].split(":")[0], g["met"]) for g in summary] == [
         ("path a's call <= 1000 us at every size and world", True),
         ("2 ranks", True),
@@ -282,14 +284,14 @@ def test_goals_from_hand_made_results():
         result(2, "1M", 1_000_000, 600, 1.01),
         result(4, "1M", 1_000_000, 900, 1.10),
     ]
-    summary = benchmark.judge_goals(older)
+    summary = resume_report.judge_goals(older)
     assert [g["met"] for g in summary] == [True, None, False, None]
     assert summary[1]["detail"] == "one size per world measured"
     assert (
         summary[3]["detail"] == "no configuration measured it (2 older entries lack it)"
     )
-    assert benchmark.judge_goals([]) and all(
-        g["met"] is None for g in benchmark.judge_goals([])
+    assert resume_report.judge_goals([]) and all(
+        g["met"] is None for g in resume_report.judge_goals([])
     )
 
 
@@ -298,20 +300,20 @@ def test_the_table_shows_na_for_older_entries():
         a = row["paths"]["a"]
         row["paths"] = {
             name: {**a, "call_us": a["call_us"] if name in ("a", "a_sync") else None}
-            for name in benchmark.PATHS
+            for name in resume_report.PATHS
         }
         return row
 
     older = every_path(result(2, "1M", 1_056_256, 680, 0.94))
     newer = every_path(result(4, "1M", 1_056_256, 700, 1.0, 1.02))
-    lines = benchmark.format_table([older, newer]).splitlines()
+    lines = resume_report.format_table([older, newer]).splitlines()
     assert (
-        len(lines) == 1 + 2 * len(benchmark.PATHS) + 1
+        len(lines) == 1 + 2 * len(resume_report.PATHS) + 1
     )  # the header, the paths, what the columns are
     # world, params, path, resume s, x a, the overhead, ..., the peak RSS over the steady state's
-    for line in lines[1 : 1 + len(benchmark.PATHS)]:
+    for line in lines[1 : 1 + len(resume_report.PATHS)]:
         assert line.split()[5] == "n/a" and line.split()[-1] == "n/a", line
-    for line in lines[1 + len(benchmark.PATHS) : -1]:
+    for line in lines[1 + len(resume_report.PATHS) : -1]:
         assert line.split()[5] == "0.0" and line.split()[-1] == "1.02", line
     assert max(len(line) for line in lines) <= 88
 
@@ -343,7 +345,7 @@ def test_path_a_alone():
         and row["group_backend"] == "gloo"
     )
     assert (data["device"], data["gpu"]) == ("cpu", None)
-    assert "restart" not in result.stdout and "CUDA" not in benchmark.format_table(
+    assert "restart" not in result.stdout and "CUDA" not in resume_report.format_table(
         data["results"]
     )
 
@@ -369,16 +371,16 @@ def test_cuda_memory_is_reported_where_measured():
     row = result(1, "10M", 10_000_000, 400, 1.01, 1.01)
     row["paths"]["a"].update(peak_cuda_mb=250.0, peak_cuda_over_steady=1.25)
     row["steady_peak_cuda_mb"] = 200.0
-    lines = benchmark.format_table([row]).splitlines()
+    lines = resume_report.format_table([row]).splitlines()
     assert lines[0].endswith("CUDA MB CUDA/st")
     assert lines[1].split()[-2:] == ["250", "1.25"]
     assert lines[-1].endswith("; CUDA: peak memory allocated")
-    goal = benchmark.judge_goals([row])[-1]
+    goal = resume_report.judge_goals([row])[-1]
     assert (goal["goal"], goal["met"]) == (
         "path a's peak CUDA memory / steady state's <= 1.05 at every size and world",
         False,
     )
     # Without CUDA figures, no CUDA goal and no CUDA columns.
-    assert "CUDA" not in benchmark.format_goals(
-        benchmark.judge_goals([result(1, "10M", 10_000_000, 400, 1.0, 1.0)])
+    assert "CUDA" not in resume_report.format_goals(
+        resume_report.judge_goals([result(1, "10M", 10_000_000, 400, 1.0, 1.0)])
     )
