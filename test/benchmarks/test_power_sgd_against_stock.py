@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 torch.manual_seed(0)
 model = torch.nn.Sequential(
     torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)
