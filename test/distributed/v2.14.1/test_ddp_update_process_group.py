@@ -1958,6 +1958,23 @@ but got NoneType: None""",
         for step in range(1, 3):
             self._step(ddp, everyone, step)
 
+    def test_unpickled_module_records_its_default_group(self):
+        # __setstate__ puts the module on the default group of the job that
+        # loads it, here of another size than the one it was pickled on: DDP
+        # records that group, not what the pickle holds.
+        self._init_default_group()
+        pickled = pickle.dumps(self._ddp())
+        dist.destroy_process_group()
+        members = [0, 1]
+        if self.rank not in members:
+            return
+        self._init_default_group(
+            world_size=len(members), file_name=self.file_name + ".members"
+        )
+        restored = pickle.loads(pickled)
+        self.assertIs(restored.process_group, dist.group.WORLD)
+        self._step(restored, members, 0)
+
     def test_reconfigure_a_new_process_replaces_a_dead_one(self):
         group = self._init_reconfigurable_group()
         everyone = list(range(self.world_size))
