@@ -1131,6 +1131,11 @@ def test_torch_src_refuses_a_tree_of_another_base_as_build_does(pytorch_tree):
             "--each-commit runs its own selection of tests",
         ),
         (["--torch-src", ".", "test/scripts"], "--torch-src runs its own suites"),
+        (["--through", "x"], "--through only goes with --each-commit"),
+        (
+            ["--stock", "--new-tests-only"],
+            "--new-tests-only only goes with --each-commit",
+        ),
     ],
 )
 def test_options_that_a_mode_would_ignore_are_refused(args, message):
