@@ -185,6 +185,25 @@ class _FailedWork(dist.Work):
         return self._future
 
 
+class _HeldWork(dist.Work):
+    """The work of a held collective.
+
+    It never reports completion (``is_completed()``), as NCCL's work does not
+    until its kernel has ended, whatever its future says.
+    """
+
+    def __init__(self, future):
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout=None):
+        self._future.wait()
+        return True
+
+    def get_future(self):
+        return self._future
+
+
 @torch.no_grad()
 def _write_late(t):
     """Writes into ``t`` as a collective of a failed pass would, long after.
@@ -225,7 +244,8 @@ class _HeldGroup(dist.ProcessGroup):
     ``complete_on_enqueue`` completes a held work's future at once, as NCCL
     does when it enqueues a collective, although its write comes later; on
     CUDA, where that future's devices say so, unless ``future_devices`` is
-    False, as for a communication hook's own future.
+    False: a future without devices, as a Python process group or hook can
+    complete, orders no stream after the write.
     ``plan`` says what happens to the allreduces while holding, in order:
     ``"run"`` (on ``inner``, which completes it when it does), ``"done"``
     (the same, completed before the work is returned), ``"hold"``, or
@@ -272,7 +292,7 @@ class _HeldGroup(dist.ProcessGroup):
         if self.complete_on_enqueue:
             future.set_result(tensors)
         self.held.append((tensors, future))
-        return _create_work_from_future(future)
+        return _HeldWork(future)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         if self._fails("allgather", input_tensors):
@@ -3157,7 +3177,7 @@ class UpdateProcessGroupCudaTest:
     def test_recover_while_collectives_in_flight_complete_on_enqueue(self, devices):
         # As NCCL's: the held collectives' futures complete at once, and their
         # writes come later, on a stream of their own. Without devices, as a
-        # comm hook's own future, completed once it made the stream wait.
+        # Python process group's or hook's can: it orders no stream after them.
         for old in self._recover_while_collectives_in_flight(
             gradient_as_bucket_view=True
         ):
