@@ -44,7 +44,7 @@ def stand_in(path: str) -> str:
 
 
 # The modules of scripts/ that the scripts import from their own folder, each after those it imports.
-SCRIPT_HELPERS = ("_common", "_checkout", "_stack")
+SCRIPT_HELPERS = ("_common", "_runs", "_checkout", "_stack")
 
 
 def load_module(path: pathlib.Path, name: str, register: bool = False):

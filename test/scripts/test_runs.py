@@ -1,4 +1,5 @@
-"""scripts/test's reruns: which failures run again, and that the summary names each failure and rerun."""
+"""scripts/_runs.py, the runs of scripts/test: which failures run again, and that the summary names each
+failure and rerun."""
 
 import pathlib
 import re
@@ -6,9 +7,9 @@ import sys
 
 import pytest
 
-from conftest import load_script
+from conftest import load_helper
 
-test_script = load_script("test")
+runs = load_helper("_runs")
 
 # What MultiProcessTestCase reports when Gloo's full mesh breaks while a rank makes a group,
 # as CI printed it on torch 2.11.0 (the paths shortened).
@@ -68,14 +69,12 @@ FAILURES = {
 
 @pytest.fixture(autouse=True)
 def no_rerun_delay(monkeypatch):
-    monkeypatch.setattr(test_script, "RERUN_DELAY_S", 0)
+    monkeypatch.setattr(runs, "RERUN_DELAY_S", 0)
 
 
 def execute(tmp_path: pathlib.Path, suite: pathlib.Path):
-    toy = test_script.Run(
-        "toy", pathlib.Path(sys.executable), [str(suite)], cwd=tmp_path
-    )
-    toy.execute(test_script._common.make_venv_env(venv=pathlib.Path(sys.prefix)))
+    toy = runs.Run("toy", pathlib.Path(sys.executable), [str(suite)], cwd=tmp_path)
+    toy.execute(runs._common.make_venv_env(venv=pathlib.Path(sys.prefix)))
     return toy
 
 
@@ -90,7 +89,7 @@ def last_line(message):
 @pytest.mark.parametrize("name", FAILURES)
 def test_the_pattern(name):
     matches = (
-        re.search(test_script.GLOO_CONNECT_FAILED, f"RuntimeError: {FAILURES[name]}")
+        re.search(runs.GLOO_CONNECT_FAILED, f"RuntimeError: {FAILURES[name]}")
         is not None
     )
     assert matches == name.startswith("connect_failed")
@@ -145,7 +144,7 @@ def test_only_a_group_that_could_not_connect_runs_again(tmp_path, capsys):
             "cause": f"RuntimeError: {TIMED_OUT}",
         },
     ]
-    assert test_script.summarize([toy]) == 3
+    assert runs.summarize([toy]) == 3
     out = capsys.readouterr().out
     assert (
         f"  rerun test_flaky.py::test_connect_failed: {last_line(CONNECT_FAILED)}\n"
@@ -164,4 +163,4 @@ def test_a_failure_on_every_run_fails(tmp_path):
     assert outcomes(toy) == {"test_broken": "failed"}
     assert [entry["outcome"] for entry in toy.failure_log] == [
         "rerun"
-    ] * test_script.RERUNS + ["failed"]
+    ] * runs.RERUNS + ["failed"]
