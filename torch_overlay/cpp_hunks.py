@@ -22,7 +22,10 @@ _DEF_NAME = re.compile(r'^\s*"(?P<name>[A-Za-z_][A-Za-z0-9_]*)",\s*$')
 _DEF_OPEN = re.compile(r"^\s*\.def\(\s*$")
 # A function definition's first line in c10d's C++: at column 0, such as
 # "bool Reducer::reset_state() {" or "void Reducer::update_process_group(".
-_DEFINITION = re.compile(r"^[A-Za-z_][^;]*\b(?P<name>[A-Za-z_]\w*::~?[A-Za-z_]\w*)\(")
+# A constructor or destructor has no return type: "Reducer::Reducer(" at column 0.
+_DEFINITION = re.compile(
+    r"^(?:[A-Za-z_][^;]*\b)?(?P<name>[A-Za-z_]\w*::~?[A-Za-z_]\w*)\("
+)
 # The first line of a definition whose head clang-format splits after the class,
 # as for a long return type: "std::pair<...> Reducer::", then "    name(...) {".
 _SPLIT_DEFINITION = re.compile(r"^[A-Za-z_][^;(]*\b(?P<owner>[A-Za-z_]\w*)::$")
@@ -60,7 +63,7 @@ class WholeFunction:
     name: str  # qualified as in the definition, such as "Reducer::reset_state"
     first_line: int  # line number in the file that the whole series patches
     text: str
-    # The first patch that changed or added it.
+    # The patch of its first line that the series changed or added.
     patch: str
     # Whether the base file has it (the series changes it), or the series adds it.
     changes_base: bool
@@ -409,14 +412,27 @@ class Binding:
 
 
 def _split_arguments(text: str) -> List[str]:
-    """Return the top-level, comma-separated arguments of ``text``."""
-    arguments, depth, current = [], 0, ""
+    """Return the top-level, comma-separated arguments of ``text``.
+
+    A comma inside brackets, a string or character literal, or a template's
+    arguments at the top level (``py::call_guard<A, B>()``) does not split.
+    """
+    arguments, depth, angles, quote, escaped, current = [], 0, 0, "", False, ""
     for c in text:
-        if c in "([{":
+        if quote:
+            quote = "" if c == quote and not escaped else quote
+            escaped = c == "\\" and not escaped
+        elif c in "\"'":
+            quote = c
+        elif c in "([{":
             depth += 1
         elif c in ")]}":
             depth -= 1
-        if c == "," and depth == 0:
+        elif depth == 0 and c == "<":
+            angles += 1
+        elif depth == 0 and c == ">" and angles:
+            angles -= 1
+        if c == "," and depth == 0 and angles == 0 and not quote:
             arguments.append(current.strip())
             current = ""
         else:

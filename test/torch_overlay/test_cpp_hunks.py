@@ -50,6 +50,8 @@ def test_function_spans_run_from_a_column_0_head_to_a_column_0_brace():
         (["  helper::call(x);\n"], False),
         (["void free_function() {\n"], False),
         (["// Reducer::f() does this.\n"], False),
+        (["Reducer::Reducer(\n"], True),
+        (["Reducer::~Reducer() noexcept(false) {\n"], True),
     ],
     ids=[
         "one-line head",
@@ -60,6 +62,8 @@ def test_function_spans_run_from_a_column_0_head_to_a_column_0_brace():
         "indented call",
         "unqualified function",
         "comment",
+        "constructor",
+        "destructor",
     ],
 )
 def test_a_definition_starts_at_a_qualified_name_at_column_0(lines, starts):
@@ -70,6 +74,7 @@ def test_a_definition_starts_at_a_qualified_name_at_column_0(lines, starts):
     "lines, name",
     [
         (["c10d::Reducer::~Reducer() {\n"], "Reducer::~Reducer"),
+        (["Reducer::Reducer(\n"], "Reducer::Reducer"),
         (
             ["c10::intrusive_ptr<Work> ProcessGroupGloo::reconfigure(\n"],
             "ProcessGroupGloo::reconfigure",
@@ -80,7 +85,13 @@ def test_a_definition_starts_at_a_qualified_name_at_column_0(lines, starts):
             "Reducer::get_grads",
         ),
     ],
-    ids=["destructor", "templated return type", "namespace", "split head"],
+    ids=[
+        "destructor",
+        "constructor",
+        "templated return type",
+        "namespace",
+        "split head",
+    ],
 )
 def test_a_definition_is_named_by_its_class_and_member(lines, name):
     assert cpp_hunks._read_definition_name(lines, 0) == name
@@ -104,6 +115,20 @@ def test_arguments_split_only_at_top_level_commas():
         "py::call_guard<py::gil_scoped_release>()",
     ]
     assert cpp_hunks._split_arguments("  ") == []
+
+
+def test_arguments_keep_template_arguments_and_literals_whole():
+    text = (
+        '"_g", &Reducer::g, py::call_guard<A, B>(), py::arg("x(, y") = \',\', '
+        'py::arg("q\\", r")'
+    )
+    assert cpp_hunks._split_arguments(text) == [
+        '"_g"',
+        "&Reducer::g",
+        "py::call_guard<A, B>()",
+        "py::arg(\"x(, y\") = ','",
+        'py::arg("q\\", r")',
+    ]
 
 
 def test_the_target_path_drops_the_b_prefix_or_falls_back_to_the_path():
