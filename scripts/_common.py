@@ -9,6 +9,8 @@ import sys
 from typing import List, NoReturn, Optional, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# The scripts' own folder, where they import their helpers from.
+SCRIPTS = pathlib.Path(__file__).resolve().parent
 # The overlay venv of each base, .venv-BASE: the base's torch (torch_overlay/bases.py) and
 # the test tools, the linters, and what the benchmarks plot with.
 REQUIREMENTS = (

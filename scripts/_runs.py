@@ -11,9 +11,6 @@ from typing import Dict, List, Optional
 
 import _common
 
-# Where pytest finds the plugin that writes the failure log (scripts/_failure_log.py).
-SCRIPTS = pathlib.Path(__file__).resolve().parent
-
 # A test that fails for a reason that comes from the machine rather than from the code under
 # test runs again (pytest-rerunfailures), up to RERUNS times, RERUN_DELAY_S after the failed
 # run's ranks were told to end; a test that fails every time fails. Only one such failure is
@@ -79,7 +76,7 @@ class Run:
             env = {**venv_env, "TEMP_DIR": tmp, **self.env}
             # Where pytest finds the plugin that writes the failure log: last, so that it shadows nothing.
             env["PYTHONPATH"] = os.pathsep.join(
-                filter(None, [env.get("PYTHONPATH"), str(SCRIPTS)])
+                filter(None, [env.get("PYTHONPATH"), str(_common.SCRIPTS)])
             )
             _common.progress(
                 f"{self.label}: {' '.join(self.targets)}"

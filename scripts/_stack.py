@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from typing import List, Sequence
 
-from torch_overlay import bases
+from torch_overlay import bases, commits
 
 _FILE_DIFF = re.compile(r"^diff --git a/(?P<path>\S+) b/", re.M)
 # The files of a patch that hold tests: this repository's, and upstream's in torch.testing.
@@ -19,7 +19,7 @@ TEST_PATHS = ("test/", "torch/testing/")
 
 
 def list_patches(repo: pathlib.Path, base: bases.Base) -> List[pathlib.Path]:
-    return sorted(base.patches(repo).glob("*.patch"))
+    return commits.list_patches(base.patches(repo))
 
 
 def list_changed_paths(patch: pathlib.Path) -> List[str]:
