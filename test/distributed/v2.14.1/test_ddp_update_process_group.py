@@ -160,33 +160,8 @@ def _loss(out):
     return out.pow(2).sum()
 
 
-class _FailedWork(dist.Work):
-    """The work of a collective that failed, as a Gloo peer that died fails it.
-
-    Its wait() raises, and its future holds the error, for C++ as for Python:
-    Future.set_exception() would store the exception as the future's value,
-    which only Python raises.
-    """
-
-    def __init__(self):
-        super().__init__()
-
-        def fail(_):
-            raise SimulatedError("simulated failed collective")
-
-        source = torch.futures.Future()
-        self._future = source.then(fail)
-        source.set_result(None)
-
-    def wait(self, timeout=None):
-        raise SimulatedError("simulated failed collective")
-
-    def get_future(self):
-        return self._future
-
-
 class _HeldWork(dist.Work):
-    """The work of a held collective.
+    """The work of a collective that the test holds, or fails.
 
     It never reports completion (``is_completed()``), as NCCL's work does not
     until its kernel has ended, whatever its future says.
@@ -202,6 +177,26 @@ class _HeldWork(dist.Work):
 
     def get_future(self):
         return self._future
+
+
+class _FailedWork(_HeldWork):
+    """The work of a collective that failed, as a Gloo peer that died fails it.
+
+    Its wait() raises, and its future holds the error, for C++ as for Python:
+    Future.set_exception() would store the exception as the future's value,
+    which only Python raises.
+    """
+
+    def __init__(self):
+        def fail(_):
+            raise SimulatedError("simulated failed collective")
+
+        source = torch.futures.Future()
+        super().__init__(source.then(fail))
+        source.set_result(None)
+
+    def wait(self, timeout=None):
+        raise SimulatedError("simulated failed collective")
 
 
 @torch.no_grad()
