@@ -15,7 +15,9 @@ life; each change of membership goes through DistributedDataParallel._update_pro
   plus one.
 - Grow: a worker started later (--rejoin STEP) registers in the store. At the next step
   boundary the members stop, and the new generation includes it; it gets parameters, buffers
-  (sync_module_states=True) and optimizer state from a member.
+  (sync_module_states=True) and optimizer state from a member. A new worker that registers
+  only after training has finished is not admitted; with --wait-for-joiners the members wait
+  before the last step until every new worker is in, however long it takes to start.
 
 Every step, every member checks that the parameters are bitwise identical on all members (a
 digest, all-gathered), that nothing was compiled again, and the launcher checks at the end
@@ -571,6 +573,8 @@ class Launcher:
         self.gpus: Dict[int, int] = {}  # with --backend nccl, each worker's GPU
         self.next_uid = 0
         self.joined = 0  # join/N entries taken in
+        self.registered: set = set()  # workers that registered in the store
+        self.rejoins: List[int] = []  # steps after which to start a new worker
         self.generation = 0
         self.members: List[int] = []
         self.summary: List[str] = []
@@ -632,7 +636,21 @@ class Launcher:
             int(self.store.get(f"join/{i}")) for i in range(self.joined + 1, count + 1)
         ]
         self.joined = count
+        self.registered.update(found)
         return found
+
+    def unregistered(self) -> List[int]:
+        """The workers started but not registered yet."""
+        return [u for u in self.procs if u not in self.registered]
+
+    def holds_last_step(self) -> bool:
+        """With --wait-for-joiners, whether the members must wait before the last step: a
+        new worker is still to start (at a step the members reach before it) or to register.
+        """
+        last = self.args.steps - 1
+        return self.args.wait_for_joiners and (
+            any(step < last for step in self.rejoins) or bool(self.unregistered())
+        )
 
     def publish(self, members: List[int], reason: str) -> None:
         completed = {u: self.done(u) for u in members}
@@ -647,6 +665,11 @@ class Launcher:
         self.generation += 1
         plan = Plan(self.generation, members, src, step)
         self.store.set(f"gen/{self.generation}/plan", plan.dump())
+        if self.holds_last_step():
+            # Before the members can start: they stop once step `last - 1` is done.
+            self.store.set(
+                f"gen/{self.generation}/stop_after", str(self.args.steps - 1)
+            )
         self.store.add("gen/current", 1)
         self.members = members
         line = f"generation {self.generation}: {reason}; members {members}, state from {src}, from step {step}"
@@ -667,9 +690,10 @@ class Launcher:
                 )
                 return 1
             time.sleep(0.1)
-        self.publish(sorted(first), "start")
         # Rejoins to start (at a step), and chaos kills to make (at a step, after a delay).
-        rejoins = [args.rejoin] if args.rejoin is not None else []
+        rejoins = self.rejoins
+        rejoins += [args.rejoin] if args.rejoin is not None else []
+        self.publish(sorted(first), "start")
         rng = random.Random(args.seed)
         kills = sorted(
             rng.sample(
@@ -707,6 +731,18 @@ class Launcher:
                     return 1
                 self.publish(survivors + joining, f"lost {lost}")
                 continue
+            if args.wait_for_joiners:
+                gone = [
+                    u for u in self.unregistered() if self.procs[u].poll() is not None
+                ]
+                if gone:
+                    # Else the members would wait for it before the last step until they
+                    # give up on the plan (--join-timeout).
+                    print(
+                        f"[launcher] error: worker {gone[0]} exited before it registered",
+                        flush=True,
+                    )
+                    return 1
             if rejoins and progress >= rejoins[0]:
                 # Also once training has finished, when the new worker must exit as not admitted.
                 rejoins.pop(0)
@@ -741,7 +777,12 @@ class Launcher:
                 # A new worker registered, compiled: the members stop at a step boundary
                 # two steps on, which none of them can have passed yet, unless training
                 # ends first; then the new worker is not admitted.
-                self.store.set(f"gen/{gen}/stop_after", str(progress + 2 + 1))
+                # A boundary already set (--wait-for-joiners) stays if it comes first.
+                held = counter(self.store, f"gen/{gen}/stop_after")
+                stop_after = progress + 2 + 1
+                self.store.set(
+                    f"gen/{gen}/stop_after", str(min(stop_after, held or stop_after))
+                )
                 while counter(self.store, f"gen/{gen}/stopped") < len(self.members):
                     if self.failures(gen) or self.finished():
                         break
@@ -832,6 +873,12 @@ def main() -> int:
         default=0.2,
         help="seconds each step takes on top of its compute, so that new workers, which "
         "start and compile meanwhile, find training still going (default: 0.2)",
+    )
+    parser.add_argument(
+        "--wait-for-joiners",
+        action="store_true",
+        help="the members wait before the last step until every new worker (--rejoin, "
+        "--chaos) has started and been admitted, however long it takes to start and compile",
     )
     parser.add_argument(
         "--backend",

@@ -51,21 +51,22 @@ def summary(out):
     "phase, resume", [("forward", 4), ("backward", 4), ("optimizer", 5)]
 )
 def test_killed_rank_then_a_new_one(phase, resume):
-    # Half a second a step gives the new worker 10 s to start and compile before the end.
+    # The members wait before the last step for the new worker, however slowly it starts.
     rc, out = launch(
         "--workers",
         "3",
         "--steps",
-        "28",
+        "12",
         "--kill",
         f"2:4:{phase}",
         "--rejoin",
         "7",
+        "--wait-for-joiners",
         "--step-time",
-        "0.5",
+        "0",
     )
     assert rc == 0, out[-3000:]
-    assert summary(out) == (1, 0, 0, 0, 27, 27)
+    assert summary(out) == (1, 0, 0, 0, 11, 11)
     assert f"lost [2]; members [0, 1], state from 0, from step {resume}" in out
     assert re.search(
         r"grow; members \[0, 1, 3\], state from [01], from step \d+", out
@@ -83,16 +84,17 @@ def test_reconfigure_killed_rank_then_a_new_one():
         "--workers",
         "3",
         "--steps",
-        "28",
+        "12",
         "--kill",
         "2:4:backward",
         "--rejoin",
         "7",
+        "--wait-for-joiners",
         "--step-time",
-        "0.5",
+        "0",
     )
     assert rc == 0, out[-3000:]
-    assert summary(out) == (1, 0, 0, 0, 27, 27)
+    assert summary(out) == (1, 0, 0, 0, 11, 11)
     assert "lost [2]; members [0, 1], state from 0, from step 4" in out
     assert re.search(
         r"grow; members \[0, 1, 3\], state from [01], from step \d+", out
@@ -114,7 +116,8 @@ def test_reconfigure_needs_gloo():
 
 
 def test_random_kills_and_rejoins():
-    # Half a second a step leaves the new workers time to start and compile before the end.
+    # The kills come at steps 14 and 15 (seed 0), after which the members wait before the
+    # last step for both new workers; half a second a step keeps training going until then.
     rc, out = launch(
         "--workers",
         "4",
@@ -124,6 +127,7 @@ def test_random_kills_and_rejoins():
         "2",
         "--seed",
         "0",
+        "--wait-for-joiners",
         "--step-time",
         "0.5",
     )
@@ -131,6 +135,8 @@ def test_random_kills_and_rejoins():
     assert summary(out) == (2, 0, 0, 0, 29, 29)
     assert out.count("chaos: SIGKILL worker") == 2
     assert "grow; members" in out, out[-3000:]
+    assert "cannot rejoin" not in out, out[-3000:]
+    assert re.search(r"exit codes \{.*4: 0, 5: 0\}", out), out[-3000:]
 
 
 def test_store_gone():
@@ -236,6 +242,7 @@ def test_nccl_killed_rank_then_a_new_one():
         "1:4:backward",
         "--rejoin",
         "7",
+        "--wait-for-joiners",
         "--step-time",
         "0.5",
     )
