@@ -7,7 +7,7 @@ import os
 import pathlib
 import tempfile
 import xml.etree.ElementTree as ET
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import _common
 
@@ -21,6 +21,7 @@ import _common
 # that a rank's own failure and another rank's lost peer do not add up to it. A peer lost in a
 # collective, a timeout or a hang is what the tests look for, and fails at once.
 RERUNS = 2
+SLOWEST = 10  # the summary names this many of the slowest tests, for CI's time budget
 RERUN_DELAY_S = 5
 GLOO_CONNECT_FAILED = (
     r"in _new_process_group_helper\n(?:  .*\n)*[\w.]*Error: (?:Gloo connectFullMesh failed with )?"
@@ -40,6 +41,8 @@ class Run:
     cwd: pathlib.Path = _common.REPO
     # Filled in by execute(): test id -> "passed", "failed" or "skipped: reason".
     outcomes: Dict[str, str] = dataclasses.field(default_factory=dict)
+    # Filled in by execute(): test id -> seconds, setup and teardown included.
+    durations: Dict[str, float] = dataclasses.field(default_factory=dict)
     # Filled in by execute(): each failure and rerun in order, as {"test": node id,
     # "outcome": "failed" or "rerun", "cause": the last line of its message} (scripts/_failure_log.py).
     failure_log: List[Dict[str, str]] = dataclasses.field(default_factory=list)
@@ -88,16 +91,18 @@ class Run:
             if self.returncode == 5:
                 _common.die(f"{self.label}: pytest collected no tests")
             if os.path.exists(junit):
-                self.outcomes = read_junit(junit)
+                self.outcomes, self.durations = read_junit(junit)
             if os.path.exists(failure_log):
                 with open(failure_log) as f:
                     self.failure_log = [json.loads(line) for line in f]
 
 
-def read_junit(path: str) -> Dict[str, str]:
-    outcomes = {}
+def read_junit(path: str) -> Tuple[Dict[str, str], Dict[str, float]]:
+    """Read each test's outcome and duration from a JUnit XML report."""
+    outcomes, durations = {}, {}
     for case in ET.parse(path).getroot().iter("testcase"):
         name = f"{case.get('classname')}.{case.get('name')}"
+        durations[name] = float(case.get("time") or 0)
         result = next(
             (c for c in case if c.tag in ("failure", "error", "skipped")), None
         )
@@ -109,7 +114,7 @@ def read_junit(path: str) -> Dict[str, str]:
             )
         else:
             outcomes[name] = "failed"
-    return outcomes
+    return outcomes, durations
 
 
 def summarize(runs: List[Run]) -> int:
@@ -138,6 +143,9 @@ def summarize(runs: List[Run]) -> int:
             counts["failed"] += 1
     for reason, n in sorted(skips.items(), key=lambda item: -item[1]):
         print(f"  skipped {n}: {reason}")
+    durations = [(s, test) for run in runs for test, s in run.durations.items()]
+    for seconds, test in sorted(durations, reverse=True)[:SLOWEST]:
+        print(f"  slowest {seconds:7.1f} s: {test}")
     reruns = (
         f", {counts['reruns']} rerun{'s' if counts['reruns'] > 1 else ''}"
         if counts["reruns"]

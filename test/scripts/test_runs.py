@@ -164,3 +164,25 @@ def test_a_failure_on_every_run_fails(tmp_path):
     assert [entry["outcome"] for entry in toy.failure_log] == [
         "rerun"
     ] * runs.RERUNS + ["failed"]
+
+
+def test_the_summary_names_the_slowest_tests(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runs, "SLOWEST", 2)
+    suite = tmp_path / "test_timed.py"
+    suite.write_text(
+        "import time\n\n"
+        "def test_quick():\n    pass\n\n"
+        "def test_slow():\n    time.sleep(0.3)\n\n"
+        "def test_slower():\n    time.sleep(0.6)\n"
+    )
+    toy = execute(tmp_path, suite)
+    assert sorted(toy.durations, key=toy.durations.get) == [
+        f"test_timed.{name}" for name in ("test_quick", "test_slow", "test_slower")
+    ]
+    runs.summarize([toy])
+    slowest = [
+        line.split(": ", 1)[1]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("  slowest")
+    ]
+    assert slowest == ["test_timed.test_slower", "test_timed.test_slow"]
