@@ -1889,7 +1889,7 @@ but got NoneType: None""",
             with mock.patch.object(Net, "forward") as forward:
                 with self.assertRaisesRegex(
                     RuntimeError,
-                    rf"reconfigured in place .* it had {had} ranks then, and has {has} "
+                    rf"reconfigured in place .* its size was {had} then and is {has} "
                     r"now\. Call _update_process_group\(process_group\)",
                 ):
                     model(x)
