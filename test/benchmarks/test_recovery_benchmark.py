@@ -95,8 +95,10 @@ def report(tmp_path_factory):
     return stdout, json.loads((out / "recovery_after_lost_rank.json").read_text()), out
 
 
-def only_run(data: dict, key: str) -> dict:
+def only_run(data: dict, key: str, failed: bool = False) -> dict:
+    """Return the one run of cell ``key``, which failed or did not, as ``failed`` says."""
     (run,) = data["cells"][key]["runs"]
+    assert ("error" in run) == failed, f"{key}: {run.get('error', 'no error')}"
     return run
 
 
@@ -150,7 +152,7 @@ def test_torchft_killed_in_the_backward_pass(report):
     # survivors' allreduce in torchft's comm hook, which then fails an assertion; and the
     # reducer, left in the middle of that pass, fails its next forward pass.
     _, data, _ = report
-    run = only_run(data, "w2-tiny-none-backward-lighthouse-torchft")
+    run = only_run(data, "w2-tiny-none-backward-lighthouse-torchft", failed=True)
     assert "INTERNAL ASSERT FAILED" in run["error"]
 
 
@@ -297,7 +299,6 @@ def test_torchft_nightly_survives_a_kill_in_the_backward_pass(tmp_path):
     )
     data = json.loads((tmp_path / "recovery_after_lost_rank.json").read_text())
     cell = only_run(data, "w2-tiny-none-backward-lighthouse-torchft_nightly")
-    assert "error" not in cell, cell.get("error")
     assert cell["lost_updates"] == 0 and cell["bitwise_equal_to_reference"]
 
 
