@@ -17,7 +17,7 @@ life; each change of membership goes through DistributedDataParallel._update_pro
   boundary the members stop, and the new generation includes it; it gets parameters, buffers
   (sync_module_states=True) and optimizer state from a member. A new worker that registers
   only after training has finished is not admitted; with --wait-for-joiners the members wait
-  before the last step until every new worker is in, however long it takes to start.
+  before the last step, for up to --join-timeout, until every new worker is in.
 
 Every step, every member checks that the parameters are bitwise identical on all members (a
 digest, all-gathered), that nothing was compiled again, and the launcher checks at the end
@@ -45,6 +45,7 @@ Run it in the overlay venv (scripts/overlay install), or on a torch that has the
 """
 
 import argparse
+import bisect
 import dataclasses
 import datetime
 import hashlib
@@ -58,7 +59,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch._dynamo
@@ -213,6 +214,21 @@ def reconfigure(
     dist._reconfigure(
         uuid=uuid, handles=handles, timeout=datetime.timedelta(seconds=timeout_s)
     ).wait()
+
+
+def gather_with_stop(
+    store, generation: int, world_size: int, value
+) -> Tuple[list, int]:
+    """All-gathers ``value`` with this member's reading of the generation's stop, which the
+    launcher sets to the last step of the generation plus one; returns the values and the last
+    step, -1 for none. The members take the earliest stop any of them read, so that all stop at
+    the same step boundary whenever the launcher wrote it."""
+    gathered: list = [None] * world_size
+    dist.all_gather_object(
+        gathered, (value, counter(store, f"gen/{generation}/stop_after"))
+    )
+    stops = [stop - 1 for _, stop in gathered if stop > 0]
+    return [v for v, _ in gathered], min(stops, default=-1)
 
 
 def release_uuid(uid: int, generation: int) -> int:
@@ -412,9 +428,8 @@ def train(args, store) -> int:
             dist.broadcast_object_list(state, src=src)
             optimizer.load_state_dict(state[0])
             optimizer.zero_grad(set_to_none=True)
+            _, stop_after = gather_with_stop(store, plan.generation, world_size, None)
             while step < args.steps:
-                # The launcher sets it to the last step of this generation, plus one.
-                stop_after = counter(store, f"gen/{plan.generation}/stop_after") - 1
                 if stop_after >= 0 and step > stop_after:
                     store_op(store.add, f"gen/{plan.generation}/stopped", 1)
                     break
@@ -437,8 +452,9 @@ def train(args, store) -> int:
                 time.sleep(args.step_time)
                 # Completed: what the next generation goes on from, if this one fails now.
                 store_op(store.set, f"done/{uid}", str(step + 1))
-                digests = [None] * world_size
-                dist.all_gather_object(digests, digest(model))
+                digests, stop_after = gather_with_stop(
+                    store, plan.generation, world_size, digest(model)
+                )
                 if len(set(digests)) != 1:
                     store_op(store.add, f"diverged/{uid}", 1)
                     print(
@@ -573,7 +589,6 @@ class Launcher:
         self.gpus: Dict[int, int] = {}  # with --backend nccl, each worker's GPU
         self.next_uid = 0
         self.joined = 0  # join/N entries taken in
-        self.registered: set = set()  # workers that registered in the store
         self.rejoins: List[int] = []  # steps after which to start a new worker
         self.generation = 0
         self.members: List[int] = []
@@ -636,12 +651,13 @@ class Launcher:
             int(self.store.get(f"join/{i}")) for i in range(self.joined + 1, count + 1)
         ]
         self.joined = count
-        self.registered.update(found)
         return found
 
     def unregistered(self) -> List[int]:
-        """The workers started but not registered yet."""
-        return [u for u in self.procs if u not in self.registered]
+        """The workers started but not registered yet, whether or not taken in since."""
+        count = counter(self.store, "join/n")
+        registered = {int(self.store.get(f"join/{i}")) for i in range(1, count + 1)}
+        return [u for u in self.procs if u not in registered]
 
     def holds_last_step(self) -> bool:
         """With --wait-for-joiners, whether the members must wait before the last step: a
@@ -731,7 +747,7 @@ class Launcher:
                     return 1
                 self.publish(survivors + joining, f"lost {lost}")
                 continue
-            if args.wait_for_joiners:
+            if args.wait_for_joiners and not self.finished():
                 gone = [
                     u for u in self.unregistered() if self.procs[u].poll() is not None
                 ]
@@ -772,12 +788,13 @@ class Launcher:
                     f"[launcher] chaos: SIGKILL worker {victim} after step {progress}",
                     flush=True,
                 )
-                rejoins.append(progress + rng.randint(2, 4))
+                bisect.insort(rejoins, progress + rng.randint(2, 4))
             if counter(self.store, "join/n") > self.joined:
                 # A new worker registered, compiled: the members stop at a step boundary
-                # two steps on, which none of them can have passed yet, unless training
-                # ends first; then the new worker is not admitted.
-                # A boundary already set (--wait-for-joiners) stays if it comes first.
+                # two steps on, or at the first one after it where they read the stop late
+                # (they agree on the earliest any of them read: gather_with_stop), unless
+                # training ends first; then the new worker is not admitted. A boundary
+                # already set (--wait-for-joiners) stays if it comes first.
                 held = counter(self.store, f"gen/{gen}/stop_after")
                 stop_after = progress + 2 + 1
                 self.store.set(
@@ -877,8 +894,9 @@ def main() -> int:
     parser.add_argument(
         "--wait-for-joiners",
         action="store_true",
-        help="the members wait before the last step until every new worker (--rejoin, "
-        "--chaos) has started and been admitted, however long it takes to start and compile",
+        help="the members wait before the last step, for up to --join-timeout, until every "
+        "new worker due before it (--rejoin, --chaos) has started and been taken in, however "
+        "long it takes to start and compile",
     )
     parser.add_argument(
         "--backend",
