@@ -5,6 +5,7 @@ inductor. Each case checks the launcher's summary: the step every run must reach
 survived, and zero steps lost, recompiles and parameter divergences.
 """
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -161,6 +162,36 @@ def test_worker_that_cannot_rejoin():
         in out
     )
     assert summary(out) == (0, 0, 0, 0, 5, 5)
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("elastic_ddp", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+@pytest.mark.parametrize(
+    "readings, stop",
+    [((0, 0, 0), -1), ((0, 9, 0), 8), ((12, 9, 0), 8), ((12, 12, 12), 11)],
+)
+def test_members_stop_at_the_earliest_stop_any_of_them_read(
+    monkeypatch, readings, stop
+):
+    # Each member reads the launcher's stop (the last step plus one, 0 for none) on its own,
+    # and the launcher may write it between two members' reads: the members must still
+    # stop at the same boundary, the earliest that any of them read.
+    example = load_example()
+    monkeypatch.setattr(example, "counter", lambda store, key: readings[0])
+
+    def all_gather_object(gathered, mine):
+        gathered[:] = [(f"digest {r}", r) for r in readings]
+        assert mine == ("digest", readings[0])
+
+    monkeypatch.setattr(example.dist, "all_gather_object", all_gather_object)
+    digests, stop_after = example.gather_with_stop(None, 2, len(readings), "digest")
+    assert stop_after == stop
+    assert digests == [f"digest {r}" for r in readings]
 
 
 HEARTBEAT_THEN_EXIT = """
