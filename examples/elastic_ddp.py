@@ -589,7 +589,8 @@ class Launcher:
         self.gpus: Dict[int, int] = {}  # with --backend nccl, each worker's GPU
         self.next_uid = 0
         self.joined = 0  # join/N entries taken in
-        self.rejoins: List[int] = []  # steps after which to start a new worker
+        # Steps after which to start a new worker, in order.
+        self.rejoins: List[int] = [args.rejoin] if args.rejoin is not None else []
         self.generation = 0
         self.members: List[int] = []
         self.summary: List[str] = []
@@ -706,10 +707,9 @@ class Launcher:
                 )
                 return 1
             time.sleep(0.1)
+        self.publish(sorted(first), "start")
         # Rejoins to start (at a step), and chaos kills to make (at a step, after a delay).
         rejoins = self.rejoins
-        rejoins += [args.rejoin] if args.rejoin is not None else []
-        self.publish(sorted(first), "start")
         rng = random.Random(args.seed)
         kills = sorted(
             rng.sample(

@@ -21,12 +21,13 @@ import _common
 # that a rank's own failure and another rank's lost peer do not add up to it. A peer lost in a
 # collective, a timeout or a hang is what the tests look for, and fails at once.
 RERUNS = 2
-SLOWEST = 10  # the summary names this many of the slowest tests, for CI's time budget
 RERUN_DELAY_S = 5
 GLOO_CONNECT_FAILED = (
     r"in _new_process_group_helper\n(?:  .*\n)*[\w.]*Error: (?:Gloo connectFullMesh failed with )?"
     r"\[[^\]\n]*gloo/transport/tcp/\w+\.cc:\d+\] Connection closed by peer"
 )
+# The summary names this many of the slowest tests, for CI's time budget.
+SLOWEST = 10
 
 
 @dataclasses.dataclass
