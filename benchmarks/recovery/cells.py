@@ -15,10 +15,11 @@ TORCHFT_PATHS = ("torchft", "torchft_nightly")
 # The version of each path's recovery: a run records its path's, and the tables show the
 # runs of the version of now only (the file keeps the others). Version 2 of reconfigure and
 # new_group: the failed group released at once, the membership checked before each step, and a
-# shrink without sync_module_states (issue 32).
+# shrink without sync_module_states (issue 32). Version 3: the same recovery on the redesigned
+# series (issues 30 and 31), whose call agrees in two collective rounds instead of six.
 PATH_VERSIONS = {
-    "reconfigure": 2,
-    "new_group": 2,
+    "reconfigure": 3,
+    "new_group": 3,
     "torchft": 1,
     "torchft_nightly": 1,
     "restart": 1,

@@ -16,6 +16,7 @@ from benchmarks.recovery import (
     report,
     results,
 )
+from benchmarks.recovery.cells import PATH_VERSIONS
 from benchmarks.recovery.events import locate_error_file
 from benchmarks.recovery.membership import HeartbeatDetector
 
@@ -203,7 +204,7 @@ def test_the_heartbeat_detector_takes_a_silent_member_as_lost():
 def test_the_goals_compare_reconfigure_with_each_torchft_that_completes():
     def run(recovery, **fields):
         return {
-            "version": 2,
+            "version": PATH_VERSIONS["reconfigure"],
             "kill_to_survivors_step_s": recovery,
             "lost_updates": 0,
             "bitwise_equal_to_reference": True,
