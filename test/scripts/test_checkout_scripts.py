@@ -171,7 +171,7 @@ def test_apply_makes_the_series_commits_on_a_branch(pytorch_tree):
     assert [line.split("|")[0] for line in log] == SUBJECTS
     assert all(line.endswith(f"|{USER[0]}") for line in log)
     assert (
-        "bool Reducer::reset_state() {"
+        "void Reducer::reset_state() {"
         in (pytorch_tree / "torch/csrc/distributed/c10d/reducer.cpp").read_text()
     )
     assert (
@@ -267,23 +267,26 @@ def test_dirty_tree_is_refused(pytorch_tree):
 
 
 def commit_a_conflict(tree):
-    # A line that the series changes too: even a three-way merge cannot reconcile them.
-    ddp = tree / "torch/nn/parallel/distributed.py"
-    line = "    from torch.distributed.distributed_c10d import _get_default_group, ReduceOp\n"
-    ddp.write_text(
-        ddp.read_text().replace(line, line.replace("ReduceOp", "ReduceOp, Work"), 1)
-    )
+    # A line that the series changes too: even a three-way merge cannot reconcile them. It
+    # is in join.py, which the Join commit is the first to change, so that the merge has the
+    # file's blob from before that commit (the stand-ins of reducer.cpp and init.cpp have no
+    # blob of the real files, and a local change to distributed.py none of its later ones).
+    join = tree / "torch/distributed/algorithms/join.py"
+    enter = "    def __enter__(self):\n        ...\n"
+    join.write_text(join.read_text().replace(enter, enter.replace("...", "pass"), 1))
     git(tree, "commit", "-qam", "a local change where the series changes the file")
 
 
 def assert_names_the_conflict(stderr):
     assert (
-        "0002-DDP-Add-DistributedDataParallel._update_process_grou.patch does not apply"
+        "0028-DDP-Refuse-_update_process_group-inside-a-Join-conte.patch does not apply"
         in stderr
     )
-    assert "the hunk at torch/nn/parallel/distributed.py:22 does not match" in stderr
     assert (
-        "CONFLICT (content): Merge conflict in torch/nn/parallel/distributed.py"
+        "the hunk at torch/distributed/algorithms/join.py:226 does not match" in stderr
+    )
+    assert (
+        "CONFLICT (content): Merge conflict in torch/distributed/algorithms/join.py"
         in stderr
     )
     # scripts/apply has aborted: git am's advice on going on is not for the user.
@@ -310,7 +313,10 @@ def test_conflict_aborts_cleanly_and_names_the_hunk(pytorch_tree):
         in result.stderr
     )
     assert f"  git am --3way --keep-non-patch {series}/*.patch\n" in result.stderr
-    assert "edit torch/nn/parallel/distributed.py to keep both changes" in result.stderr
+    assert (
+        "edit torch/distributed/algorithms/join.py to keep both changes"
+        in result.stderr
+    )
     assert (
         "  git rebase --exec 'git commit --amend --no-edit" in result.stderr
         and f" {before[0]}\n" in result.stderr
@@ -322,7 +328,7 @@ def test_conflict_aborts_cleanly_and_names_the_hunk(pytorch_tree):
     check = script("apply", pytorch_tree, "--check")
     assert (
         check.returncode == 2
-        and "the hunk at torch/nn/parallel/distributed.py:22" in check.stderr
+        and "the hunk at torch/distributed/algorithms/join.py:226" in check.stderr
     )
     assert head(pytorch_tree) == before and branches(pytorch_tree) == ["main"]
     assert git(pytorch_tree, "worktree", "list").count("\n") == 1
@@ -911,9 +917,14 @@ def push(tree, branch):
 
 
 def test_submit_refuses_the_series_on_a_tree_it_is_not_for(published, submit_env):
-    # Upstream's API, where no hunk of the series looks.
+    # Upstream's API, where no hunk of the series looks: among the module's helpers.
     ddp = published / _checkout.DDP
-    ddp.write_text(API.lstrip("\n").replace("    ", "", 1) + ddp.read_text())
+    api = API.lstrip("\n").replace("    ", "", 1)
+    ddp.write_text(
+        ddp.read_text().replace(
+            "\ndef _find_tensors(", f"\n{api}\n\ndef _find_tensors(", 1
+        )
+    )
     git(published, "commit", "-qam", "upstream has it")
     push(published, "main")
     # scripts/apply says the series is not needed here; git am applies it all the same.

@@ -19,7 +19,7 @@ def test_install_status_uninstall(repo, site, torch_dist, capsys):
     distributed = (site / "torch/nn/parallel/distributed.py").read_text()
     assert "    def _update_process_group(\n" in distributed
     assert (
-        "bool reset_state();"
+        "void reset_state();"
         in (site / "torch/include/torch/csrc/distributed/c10d/reducer.hpp").read_text()
     )
     assert (
@@ -87,10 +87,11 @@ def test_the_installed_overlay_loads_without_start_up_hooks(tmp_path):
 def test_install_rebuilds_when_patches_change(repo, site, torch_dist):
     build = FakeBuild()
     install.install(repo, torch_dist, BASE, build, check=FakeBuild.check)
-    patch = sorted(BASE.patches(repo).glob("*.patch"))[1]
+    patch = sorted(BASE.patches(repo).glob("*.patch"))[0]
+    # Its message: a change that the later patches' hunks do not see.
     patch.write_text(
         patch.read_text().replace(
-            "Swap the process group", "Replace the process group", 1
+            "Upstream has it since 2.2", "Upstream has had it since 2.2", 1
         )
     )
     assert install.print_status(repo, torch_dist, BASE) == 2
@@ -111,9 +112,10 @@ def test_a_shorter_series_leaves_no_file_patched_that_it_does_not_patch(
     for patch in sorted(BASE.patches(repo).glob("*.patch"))[1:]:
         patch.unlink()
     install.install(repo, torch_dist, BASE, build, check=FakeBuild.check)
-    distributed = "torch/nn/parallel/distributed.py"
-    assert (site / distributed).read_bytes() == ORIGINALS[distributed]
-    assert distributed not in install.Manifest.read(site).files
+    # The first patch, the backport, changes no communication hook; later ones do.
+    hook = "torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py"
+    assert (site / hook).read_bytes() == ORIGINALS[hook]
+    assert hook not in install.Manifest.read(site).files
     assert install.print_status(repo, torch_dist, BASE) == 0
     install.uninstall(torch_dist)
     for installed, data in ORIGINALS.items():
@@ -140,8 +142,8 @@ def test_install_refuses_other_torch_and_changes_nothing(
 
 def test_patch_that_does_not_apply_changes_nothing(repo, site, torch_dist):
     before = site_state(site)
-    patch = sorted(BASE.patches(repo).glob("*.patch"))[1]
-    # Corrupt a context line of the distributed.py hunk.
+    patch = sorted(BASE.patches(repo).glob("*.patch"))[0]
+    # Corrupt a context line of the backport's distributed.py hunk.
     text = patch.read_text()
     assert "\n RPC_AVAILABLE = False\n" in text
     patch.write_text(
