@@ -86,9 +86,8 @@ def make_ddp(parameters: int) -> DistributedDataParallel:
     """Make DDP on a one-rank Gloo group, past the iteration that rebuilds its buckets, with
     ``parameters`` parameters (Linear(4, 4) layers, a weight and a bias each)."""
     if not dist.is_initialized():
-        dist.init_process_group(
-            "gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1
-        )
+        # A store in this process: torch 2.1's tcp:// rendezvous takes no port 0.
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         *[torch.nn.Linear(4, 4) for _ in range(parameters // 2)]

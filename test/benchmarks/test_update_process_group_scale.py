@@ -5,9 +5,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-import torch
-
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -31,10 +28,6 @@ def run(tmp_path, *arguments) -> list:
     return json.loads(output.read_text())["rows"]
 
 
-@pytest.mark.skipif(
-    tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 14),
-    reason="the v2.1.2 series does not agree in two rounds yet",
-)
 def test_two_rounds_and_payloads_that_grow_with_the_verdicts_alone(tmp_path):
     rows = run(
         tmp_path, "--ranks", "8", "2048", "--parameters", "5000", "--repeats", "1"
