@@ -40,6 +40,9 @@ class Run:
     keyword: Optional[str] = None
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
     cwd: pathlib.Path = _common.REPO
+    # Whether finding no test is a result, not an error: upstream's cases of
+    # distributed_test.py at a commit before the one that enables them.
+    may_collect_none: bool = False
     # Filled in by execute(): test id -> "passed", "failed" or "skipped: reason".
     outcomes: Dict[str, str] = dataclasses.field(default_factory=dict)
     # Filled in by execute(): test id -> seconds, setup and teardown included.
@@ -89,7 +92,7 @@ class Run:
             self.returncode = _common.run(
                 self.make_command(junit, failure_log), cwd=self.cwd, env=env
             ).returncode
-            if self.returncode == 5:
+            if self.returncode == 5 and not self.may_collect_none:
                 _common.die(f"{self.label}: pytest collected no tests")
             if os.path.exists(junit):
                 self.outcomes, self.durations = read_junit(junit)

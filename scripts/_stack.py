@@ -9,7 +9,7 @@ import pathlib
 import re
 import shutil
 import subprocess
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from torch_overlay import bases, commits
 
@@ -54,8 +54,14 @@ def write_series(
         (target / patch.name).write_text(text)
 
 
-def write_test_file(series: Sequence[pathlib.Path], tree: pathlib.Path) -> pathlib.Path:
-    """Apply the test/distributed hunks of ``series`` in ``tree``; returns the test file they build."""
+def write_test_file(
+    series: Sequence[pathlib.Path], tree: pathlib.Path
+) -> Optional[pathlib.Path]:
+    """Apply the test/distributed hunks of ``series`` in ``tree``; returns the test file they build.
+
+    None where no patch of ``series`` adds it yet: the v2.1.2 series' first commit, which
+    backports upstream's API, has none.
+    """
     tree.mkdir(parents=True, exist_ok=True)
     for patch in series:
         subprocess.run(
@@ -63,4 +69,5 @@ def write_test_file(series: Sequence[pathlib.Path], tree: pathlib.Path) -> pathl
             cwd=tree,
             check=True,
         )
-    return tree / bases.TEST_FILE
+    test_file = tree / bases.TEST_FILE
+    return test_file if test_file.exists() else None

@@ -186,3 +186,15 @@ def test_the_summary_names_the_slowest_tests(tmp_path, capsys, monkeypatch):
         if line.startswith("  slowest")
     ]
     assert slowest == ["test_timed.test_slower", "test_timed.test_slow"]
+
+
+def test_no_test_found_is_an_error_unless_the_run_allows_it(tmp_path):
+    suite = tmp_path / "test_empty.py"
+    suite.write_text("# upstream's cases, commented out\n")
+    toy = runs.Run("toy", pathlib.Path(sys.executable), [str(suite)], cwd=tmp_path)
+    env = runs._common.make_venv_env(venv=pathlib.Path(sys.prefix))
+    with pytest.raises(SystemExit):
+        toy.execute(env)
+    toy.may_collect_none = True
+    toy.execute(env)
+    assert toy.outcomes == {}
