@@ -2747,6 +2747,27 @@ contains this rank first.""",
             self._compressed_step(ddp, step)
             self._assert_same_grads(ddp, pg)
 
+    def test_power_sgd_keeps_what_every_rank_kept(self):
+        # DDP hands the state the buckets that kept their parameters, which
+        # differ among ranks that come from groups whose buckets differed.
+        # Each rank keeps its error feedback of the buckets it kept, and every
+        # rank the warm-start memories of the buckets that all kept and hold
+        # them for.
+        ddp, state = self._ddp_with_power_sgd()
+        # As after compressed iterations over three buckets, of which the
+        # last two compress.
+        state.error_dict = {i: torch.full((4,), float(i)) for i in range(3)}
+        state.p_memory_dict = {i: torch.ones(2, 1) for i in (1, 2)}
+        state.q_memory_dict = {i: torch.ones(2, 1) for i in (1, 2)}
+        errors = dict(state.error_dict)
+        kept = frozenset(range(3)) if self.rank == 0 else frozenset({2})
+        state._prepare_process_group_update(ddp.process_group)(kept)
+        self.assertEqual(state.error_dict.keys(), kept)
+        for i, error in state.error_dict.items():
+            self.assertIs(error, errors[i])
+        self.assertEqual(sorted(state.p_memory_dict), [2])
+        self.assertEqual(sorted(state.q_memory_dict), [2])
+
     def test_power_sgd_callback_from_before_the_change_writes_nothing(self):
         # A compressing backward pass raises once every bucket's hook has
         # launched its first allreduce, which the hook's group holds. The

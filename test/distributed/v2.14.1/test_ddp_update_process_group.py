@@ -2041,7 +2041,9 @@ but got NoneType: None""",
             new_process.join(timeout=60)
             self.assertEqual(new_process.exitcode, 0, msg="the new process failed")
 
-    @parametrize("copy_with", ["deepcopy", "pickle", "averaged_model"])
+    @parametrize(
+        "copy_with", ["deepcopy", "pickle", "averaged_model", "pickled_before"]
+    )
     def test_copy_with_comm_hook_on_process_group(self, copy_with):
         # DDP's pickling drops what holds a process group.
         self._init_default_group()
@@ -2052,9 +2054,19 @@ but got NoneType: None""",
             copied = copy.deepcopy(ddp)
         elif copy_with == "pickle":
             copied = pickle.loads(pickle.dumps(ddp))
-        else:
+        elif copy_with == "averaged_model":
             copied = torch.optim.swa_utils.AveragedModel(ddp).module
+        else:
+            # What __getstate__ gave before it dropped the hooks, and before
+            # DDP kept the built-in hook's type: the hooks whose states pickle,
+            # which the reducer that __setstate__ builds lacks.
+            state = ddp.__getstate__()
+            state["_comm_hooks"] = [(default_hooks.allreduce_hook, None)]
+            state.pop("_builtin_comm_hook_type", None)
+            copied = DistributedDataParallel.__new__(DistributedDataParallel)
+            copied.__setstate__(state)
         self.assertEqual(copied._comm_hooks, [])
+        self.assertIsNone(copied._builtin_comm_hook_type)
         for p, q in zip(ddp.parameters(), copied.parameters()):
             self.assertEqual(p, q)
 
@@ -3063,6 +3075,27 @@ contains this rank first.""",
         for step in range(1, 3):
             self._compressed_step(ddp, step)
             self._assert_same_grads(ddp, pg)
+
+    def test_power_sgd_keeps_what_every_rank_kept(self):
+        # DDP hands the state the buckets that kept their parameters, which
+        # differ among ranks that come from groups whose buckets differed.
+        # Each rank keeps its error feedback of the buckets it kept, and every
+        # rank the warm-start memories of the buckets that all kept and hold
+        # them for.
+        ddp, state = self._ddp_with_power_sgd()
+        # As after compressed iterations over three buckets, of which the
+        # last two compress.
+        state.error_dict = {i: torch.full((4,), float(i)) for i in range(3)}
+        state.p_memory_dict = {i: torch.ones(2, 1) for i in (1, 2)}
+        state.q_memory_dict = {i: torch.ones(2, 1) for i in (1, 2)}
+        errors = dict(state.error_dict)
+        kept = frozenset(range(3)) if self.rank == 0 else frozenset({2})
+        state._prepare_process_group_update(ddp.process_group)(kept)
+        self.assertEqual(state.error_dict.keys(), kept)
+        for i, error in state.error_dict.items():
+            self.assertIs(error, errors[i])
+        self.assertEqual(sorted(state.p_memory_dict), [2])
+        self.assertEqual(sorted(state.q_memory_dict), [2])
 
     def test_power_sgd_callback_from_before_the_change_writes_nothing(self):
         # A compressing backward pass raises once every bucket's hook has
