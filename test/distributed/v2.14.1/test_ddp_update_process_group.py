@@ -2513,6 +2513,30 @@ rank of the new process group.""",
         self.assertEqual(seen[1][3], frozenset(range(buckets)))
         self._step(ddp, everyone, 2)
 
+    def test_buckets_kept_are_those_whose_parameters_stayed(self):
+        # What DDP hands the commits of stateful hooks: the buckets of the new
+        # assignment that hold the parameters they held, or None where the
+        # next iteration rebuilds the buckets.
+        buckets_kept = torch.nn.parallel.distributed._buckets_kept
+        self._init_default_group()
+        ddp = self._ddp_with_several_buckets()
+        for step in range(2):  # the second rebuilds the buckets
+            self._step(ddp, list(range(self.world_size)), step)
+        old = ddp.reducer._bucket_assignment()
+        buckets = int(old[1])
+        self.assertGreater(buckets, 2, msg="the buckets were not rebuilt")
+        self.assertEqual(buckets_kept(old, old), frozenset(range(buckets)))
+        n = len(list(ddp.parameters()))
+        sizes, indices = _reversed_buckets(old[-2 * n : -n].tolist(), old[-n:].tolist())
+        reversed_buckets = old.clone()
+        reversed_buckets[-2 * n :] = torch.tensor(sizes + indices)
+        # Reversed, only a middle bucket holds what it held.
+        middle = {buckets // 2} if buckets % 2 else set()
+        self.assertEqual(buckets_kept(old, reversed_buckets), frozenset(middle))
+        not_rebuilt = old.clone()
+        not_rebuilt[0] = 0
+        self.assertIsNone(buckets_kept(old, not_rebuilt))
+
     def test_prepare_process_group_update_refusal_on_one_rank_is_every_rank_s(self):
         # Rank 1's hook refuses to move: every rank raises the same error,
         # naming it, and trains on where it was.
