@@ -2631,8 +2631,8 @@ rank of the new process group.""",
         ddp._update_process_group(dist.new_group(list(range(self.world_size))))
         self.assertFalse(optim_state.wait_for_optim_stream_enqueued)
 
-    def _ddp_with_zero_hook(self, wrapped):
-        """A DDP module with ``wrapped`` under ``hook_with_zero_step``; returns both.
+    def _ddp_with_zero_hook(self, wrapped, hook_name):
+        """A DDP module with ``wrapped`` under the ZeRO hook ``hook_name``; returns both.
 
         The hook is for NCCL only; it is never run here.
         """
@@ -2650,10 +2650,14 @@ rank of the new process group.""",
         with mock.patch.object(
             ddp_zero_hook.dist, "get_backend", return_value=dist.Backend.NCCL
         ):
-            return ddp, ddp_zero_hook.hook_with_zero_step(wrapped, ddp, zero)
+            hook = getattr(ddp_zero_hook, hook_name)(wrapped, ddp, zero)
+            return ddp, hook
 
-    def test_zero_hook_is_refused(self):
-        ddp, hook = self._ddp_with_zero_hook(default_hooks.allreduce_hook)
+    @parametrize(
+        "hook_name", ["hook_with_zero_step", "hook_with_zero_step_interleaved"]
+    )
+    def test_zero_hook_is_refused(self, hook_name):
+        ddp, hook = self._ddp_with_zero_hook(default_hooks.allreduce_hook, hook_name)
         ddp.register_comm_hook(ddp.process_group, hook)
         _, pg = self._split()
         with self.assertRaises(ValueError) as caught:
@@ -2663,7 +2667,7 @@ rank of the new process group.""",
             message,
             "DistributedDataParallel._update_process_group() cannot move the "
             "communication hook of rank 0 to the new process group: "
-            "hook_with_zero_step cannot follow "
+            f"{hook_name} cannot follow "
             "DistributedDataParallel._update_process_group(): its "
             "ZeroRedundancyOptimizer keeps its own process group and its partition "
             "of the parameters across that group's ranks. Construct "
