@@ -22,6 +22,8 @@ from benchmarks.recovery.worker import make_batch
 from torch.nn.parallel import DistributedDataParallel
 
 WARMUP = 3
+# The series' check that DDP's forward makes on every step, which --time-check times.
+CHECK = "_check_process_group_not_reconfigured"
 
 
 def build(size: str):
@@ -59,15 +61,13 @@ def count_steps(args) -> dict:
     return {"series": series, "steps": args.steps}
 
 
-def time_check(args) -> dict:
-    """Time the series' forward-pass check of its process group against an empty statement;
-    None without it."""
+def time_check(args, number: int = 1_000_000) -> dict:
+    """Time the series' forward-pass check of its process group against an empty statement,
+    ``number`` calls each; None without it."""
+    if not hasattr(DistributedDataParallel, CHECK):
+        return {"check_s": None, "why": f"this DDP has no {CHECK}()"}
     ddp, _, _ = build(args.size)
-    method = "_check_process_group_not_reconfigured"
-    if not hasattr(ddp, method):
-        return {"check_s": None, "why": f"this DDP has no {method}()"}
-    statement = f"ddp.{method}()"
-    number = 1_000_000
+    statement = f"ddp.{CHECK}()"
     check = min(timeit.repeat(statement, globals={"ddp": ddp}, number=number, repeat=5))
     empty = min(timeit.repeat("pass", number=number, repeat=5))
     dist.destroy_process_group()
