@@ -3354,7 +3354,9 @@ class UpdateProcessGroupCudaTest:
         # that rank on the NCCL stream, which an event recorded after the pass
         # shows. They abort the old group, with the watchdog's error handling
         # off, and train on in a new group of their own, past the old group's
-        # timeout.
+        # timeout. The old group's timeout also signals a dump, which the
+        # heartbeat monitor of the process's first group acts on: the default
+        # group, created here with the dump off too.
         if self.backend != "nccl":
             self.skipTest("needs a GPU per rank, and NCCL on each")
         old_timeout_s = 5.0
@@ -3362,10 +3364,10 @@ class UpdateProcessGroupCudaTest:
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
             "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
         }
-        self._init_default_group()
         everyone = list(range(self.world_size))
         survivors = everyone[:-1]
         with mock.patch.dict(os.environ, error_handling_off):
+            self._init_default_group()
             old_pg = dist.new_group(everyone, timeout=timedelta(seconds=old_timeout_s))
         survivors_pg = dist.new_group(survivors)
         ddp = self._ddp(process_group=old_pg)
