@@ -17,11 +17,13 @@ from benchmarks.recovery import stock_torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-# One rank: what the series changes in the hook is the order of its own steps, not the
-# collectives' pairing.
+# Two ranks, each on its own data, so that the allreduces of P and Q and of the
+# uncompressed tensors pair across processes as a job's do.
+WORLD_SIZE = 2
 RUN = """
 import hashlib, json, sys
-if sys.argv[1] == "stock":
+kind, rank, world_size, store_path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+if kind == "stock":
     from benchmarks.recovery import stock_torch
     stock_torch.use_stock_files()
 import torch
@@ -29,7 +31,9 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+dist.init_process_group(
+    "gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size
+)
 torch.manual_seed(0)
 model = torch.nn.Sequential(
     torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)
@@ -42,43 +46,57 @@ state = powerSGD_hook.PowerSGDState(
 )
 ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+data = torch.Generator().manual_seed(rank)
 steps = []
 for step in range(8):
     optimizer.zero_grad()
-    ddp(torch.randn(4, 16)).pow(2).sum().backward()
+    ddp(torch.randn(4, 16, generator=data)).pow(2).sum().backward()
     digest = hashlib.sha256()
     for p in model.parameters():
         digest.update(p.grad.numpy().tobytes())
     steps.append([step, state.iter, len(state.error_dict), digest.hexdigest()])
     optimizer.step()
+dist.destroy_process_group()
 print(json.dumps(steps))
 """
 
 
-def run(kind: str) -> list:
+def run(kind: str, tmp_path: pathlib.Path) -> list:
+    """Train on WORLD_SIZE ranks of ``kind`` (stock or series); return each rank's steps."""
     env = dict(os.environ)
     command = stock_torch.make_command(env) if kind == "stock" else [sys.executable]
     # The stock process (python -S) skips site-packages, where this package is installed:
     # it imports benchmarks from the repository.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    result = subprocess.run(
-        [*command, "-c", RUN, kind],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    store = tmp_path / f"{kind}-store"
+    ranks = [
+        subprocess.Popen(
+            [*command, "-c", RUN, kind, str(rank), str(WORLD_SIZE), str(store)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(WORLD_SIZE)
+    ]
+    steps = []
+    for process in ranks:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-3000:]
+        steps.append(json.loads(out.splitlines()[-1]))
+    return steps
 
 
 @pytest.mark.skipif(
     not hasattr(torch.nn.parallel.DistributedDataParallel, "_update_process_group"),
     reason="this torch has no _update_process_group",
 )
-def test_power_sgd_steps_are_stock_s_bit_for_bit():
-    stock, series = run("stock"), run("series")
-    # The run spans the warm-up: it compresses, with error feedback, from step 3 on.
-    assert [s[1] for s in series] == list(range(1, 9))
-    assert series[-1][2] > 0
+def test_power_sgd_steps_are_stock_s_bit_for_bit(tmp_path):
+    stock, series = run("stock", tmp_path), run("series", tmp_path)
+    for rank_steps in series:
+        # The run spans the warm-up: it compresses, with error feedback, from step 3 on.
+        assert [s[1] for s in rank_steps] == list(range(1, 9))
+        assert rank_steps[-1][2] > 0
+    # The ranks trained on different data and agree: their gradients were averaged.
+    assert series[0] == series[1]
     assert series == stock

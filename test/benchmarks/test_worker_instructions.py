@@ -16,7 +16,7 @@ TINY = argparse.Namespace(size="tiny")
 # The series checks its group in forward where torch reconfigures a group in place (2.14).
 needs_the_check = pytest.mark.skipif(
     not hasattr(dist, "_reconfigure"),
-    reason=f"torch {torch.__version__} has no in-place reconfigure, the series no check",
+    reason=f"torch {torch.__version__} has no in-place reconfigure, so the series adds no check",
 )
 
 
@@ -39,8 +39,8 @@ def test_the_timed_check_is_the_one_every_forward_makes():
 @needs_the_check
 def test_it_reports_a_time_for_a_call_of_the_check():
     result = worker_instructions.time_check(TINY, number=1000)
-    assert result["expression"] == f"ddp.{CHECK}()"
-    assert 0 <= result["check_s"] < 1e-3, result
+    # A call of a few microseconds, measured above an empty statement's.
+    assert 0 < result["check_s"] < 1e-3, result
     assert not dist.is_initialized()
 
 

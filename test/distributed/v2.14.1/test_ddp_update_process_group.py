@@ -3352,22 +3352,21 @@ class UpdateProcessGroupCudaTest:
         # last rank leaves the old group without a word, as a rank that died
         # does: the others' backward pass returns, but its allreduce waits for
         # that rank on the NCCL stream, which an event recorded after the pass
-        # shows. They abort the old group, with the watchdog's error handling
-        # off, and train on in a new group of their own, past the old group's
-        # timeout. The old group's timeout also signals a dump, which the
-        # heartbeat monitor of the process's first group acts on: the default
-        # group, created here with the dump off too.
+        # shows. They abort the old group and train on in a new group of
+        # their own, past the old group's timeout. The groups are created as
+        # the docstring says: the default group with the dump off, the old
+        # group with the watchdog's error handling off. The abort comes first
+        # here; what those settings guard against, the watchdog acting on a
+        # timeout 60 s after it and the default group's monitor 480 s after
+        # its dump, is past the end of the test.
         if self.backend != "nccl":
             self.skipTest("needs a GPU per rank, and NCCL on each")
         old_timeout_s = 5.0
-        error_handling_off = {
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0",
-            "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
-        }
         everyone = list(range(self.world_size))
         survivors = everyone[:-1]
-        with mock.patch.dict(os.environ, error_handling_off):
+        with mock.patch.dict(os.environ, {"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}):
             self._init_default_group()
+        with mock.patch.dict(os.environ, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}):
             old_pg = dist.new_group(everyone, timeout=timedelta(seconds=old_timeout_s))
         survivors_pg = dist.new_group(survivors)
         ddp = self._ddp(process_group=old_pg)
