@@ -79,9 +79,18 @@ def run(kind: str, tmp_path: pathlib.Path) -> list:
         )
         for rank in range(WORLD_SIZE)
     ]
+    outputs = []
+    try:
+        for process in ranks:
+            outputs.append(process.communicate(timeout=300))
+            if process.returncode != 0:
+                break
+    finally:
+        # A rank that failed leaves its peer waiting in a collective: end it.
+        for process in ranks:
+            process.kill()
     steps = []
-    for process in ranks:
-        out, err = process.communicate(timeout=300)
+    for process, (out, err) in zip(ranks, outputs):
         assert process.returncode == 0, err[-3000:]
         steps.append(json.loads(out.splitlines()[-1]))
     return steps
