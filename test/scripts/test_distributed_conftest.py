@@ -13,7 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # Each rank writes its parent's pid, and whether it sees what pytest's process set after the
 # test file was imported: a rank forked from pytest's process would see it.
-CASES = '''
+CASES = """
 import os
 import pathlib
 import sys
@@ -45,7 +45,7 @@ class RanksTest(MultiProcessTestCase):
 
 if __name__ == "__main__":
     run_tests()
-'''
+"""
 
 
 def run_cases(tmp_path: pathlib.Path, keyword: str, **env: str):
@@ -54,7 +54,15 @@ def run_cases(tmp_path: pathlib.Path, keyword: str, **env: str):
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     process = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_ranks.py"]
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "test_ranks.py",
+        ]
         + ["-k", keyword],
         cwd=tmp_path,
         env={**os.environ, "RANKS_OUT": str(out), **env},
