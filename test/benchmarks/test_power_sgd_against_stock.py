@@ -21,7 +21,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 # uncompressed tensors pair across processes as a job's do.
 WORLD_SIZE = 2
 RUN = """
-import hashlib, json, sys
+import hashlib, json, os, sys
 kind, rank, world_size, store_path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 if kind == "stock":
     from benchmarks.recovery import stock_torch
@@ -31,9 +31,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-dist.init_process_group(
-    "gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size
-)
+store = dist.FileStore(store_path, world_size)
+dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
 torch.manual_seed(0)
 model = torch.nn.Sequential(
     torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)
@@ -56,8 +55,15 @@ for step in range(8):
         digest.update(p.grad.numpy().tobytes())
     steps.append([step, state.iter, len(state.error_dict), digest.hexdigest()])
     optimizer.step()
-dist.destroy_process_group()
-print(json.dumps(steps))
+print(json.dumps(steps), flush=True)
+# Exit without tearing the group down: stock 2.14.1's Gloo teardown (destroy_process_group(),
+# or the exit after it) once ended a rank of this test with std::terminate in a clean-clone CI
+# run ("terminate called without an active exception"). Once every rank has said through the
+# store that its steps are done, every collective has completed on every rank, and nothing is
+# in flight on the group's connections.
+store.set(f"done/{rank}", "1")
+store.wait([f"done/{r}" for r in range(world_size)])
+os._exit(0)
 """
 
 
