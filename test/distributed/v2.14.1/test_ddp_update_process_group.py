@@ -464,7 +464,12 @@ def _join_as_a_new_process(file_name, world_size, members, replaces):
     flat = _flat_state(ddp.module, optimizer)
     dist.all_gather(gathered, flat)
     assert cnt.frame_count == frames, "joining recompiled"
-    dist.destroy_process_group()
+    # Tearing the reconfigured group down can abort this process in Gloo
+    # after everything above has passed, so it exits without a teardown,
+    # once every member has said that its last allgather returned.
+    store = dist.distributed_c10d._get_default_store()
+    store.wait([f"new_process_checked/{m}" for m in members if m != "new"])
+    os._exit(0)
 
 
 def _reversed_buckets(sizes, indices):
@@ -2036,6 +2041,9 @@ but got NoneType: None""",
         for step in (3, 4):
             self._step(ddp, everyone, step, model=model, optimizer=optimizer)
         self._assert_identical([_flat_state(ddp.module, optimizer)], group, everyone)
+        dist.distributed_c10d._get_default_store().set(
+            f"new_process_checked/{self.rank}", "1"
+        )
         self.assertEqual(cnt.frame_count, frames, msg="reconfiguring recompiled")
         if self.rank == 0:
             new_process.join(timeout=60)
