@@ -1108,6 +1108,40 @@ class UpdateProcessGroupTest:
         old.release()
         self._step(ddp, everyone, 3)
 
+    def test_recover_when_a_hook_raises_after_its_collective(self):
+        # The communication hook starts its bucket's allreduce, then raises, as
+        # one whose second collective fails at launch would. The bucket never
+        # counted as launched, but its allreduce is held back, and writes into
+        # its storage as the next step reduces the same memory.
+        self._init_default_group()
+        old, new = self._held_group(), self._held_group()
+        ddp = self._ddp(process_group=old)
+        failing = []
+
+        def hook(state, bucket):
+            # What default_hooks.allreduce_hook does, on DDP's group of the
+            # moment.
+            group = ddp.process_group
+            future = group.allreduce([bucket.buffer().div_(group.size())]).get_future()
+            if failing:
+                raise SimulatedError("simulated failure in a communication hook")
+            return future.then(lambda fut: fut.value()[0])
+
+        ddp.register_comm_hook(None, hook)
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        old.holding = True
+        failing.append(True)
+        with self.assertRaisesRegex(Exception, "simulated failure in a communication"):
+            _loss(ddp(_sample(self.rank, 1, self.device))).backward()
+        self.assertEqual(len(old.held), 1, msg="the hook launched no allreduce")
+        failing.clear()
+        old.release_before(new)
+        ddp._update_process_group(new)
+        self._step(ddp, everyone, 2)
+        old.release()
+        self._step(ddp, everyone, 3)
+
     def test_bad_argument_changes_nothing(self):
         self._init_default_group()
         ddp = self._ddp()
