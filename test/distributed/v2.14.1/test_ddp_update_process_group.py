@@ -1142,6 +1142,46 @@ class UpdateProcessGroupTest:
         old.release()
         self._step(ddp, everyone, 3)
 
+    def test_recover_when_a_buffer_hook_collective_is_held(self):
+        # The buffer communication hook's allreduce, which the forward pass
+        # installs for finalize_backward() to wait for, is held in the pass
+        # that raised, as on a hung peer. The step after the change must not
+        # wait for it: it runs in a thread, which ends while that allreduce
+        # is still held, or the step waited for it.
+        self._init_default_group()
+        old, new = self._held_group(), self._held_group()
+        ddp = self._ddp(module_cls=NetWithBuffer, process_group=old)
+
+        def hook(state, named_buffers):
+            # Sums the buffers over DDP's group of the moment.
+            group = ddp.process_group
+            return [group.allreduce([b]).get_future() for b in named_buffers.values()]
+
+        ddp._register_buffer_comm_hook(None, hook)
+        everyone = list(range(self.world_size))
+        self._step(ddp, everyone, 0)
+        old.holding = True
+        self._failed_step(ddp, 1)
+        ddp._update_process_group(new)
+        errors = []
+
+        def step():
+            try:
+                self._step(ddp, everyone, 2)
+            except Exception as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=step)
+        thread.start()
+        thread.join(timeout=60)
+        waited = thread.is_alive()
+        old.release()
+        thread.join()
+        self.assertFalse(waited, msg="the step waited for the failed pass's futures")
+        if errors:
+            raise errors[0]
+        self._step(ddp, everyone, 3)
+
     def test_bad_argument_changes_nothing(self):
         self._init_default_group()
         ddp = self._ddp()
