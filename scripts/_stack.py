@@ -16,6 +16,10 @@ from torch_overlay import bases, commits
 _FILE_DIFF = re.compile(r"^diff --git a/(?P<path>\S+) b/", re.M)
 # The files of a patch that hold tests: this repository's, and upstream's in torch.testing.
 TEST_PATHS = ("test/", "torch/testing/")
+# Starts the ranks of the test file's cases as the suites start them (from a forkserver).
+CONFTEST = (
+    pathlib.Path(__file__).resolve().parents[1] / "test" / "distributed" / "conftest.py"
+)
 
 
 def list_patches(repo: pathlib.Path, base: bases.Base) -> List[pathlib.Path]:
@@ -60,7 +64,8 @@ def write_test_file(
     """Apply the test/distributed hunks of ``series`` in ``tree``; returns the test file they build.
 
     None where no patch of ``series`` adds it yet: the v2.1.2 series' first commit, which
-    backports upstream's API, has none.
+    backports upstream's API, has none. The file gets this repository's conftest.py beside
+    it, so that pytest starts its ranks as in the suites.
     """
     tree.mkdir(parents=True, exist_ok=True)
     for patch in series:
@@ -70,4 +75,7 @@ def write_test_file(
             check=True,
         )
     test_file = tree / bases.TEST_FILE
-    return test_file if test_file.exists() else None
+    if not test_file.exists():
+        return None
+    shutil.copy(CONFTEST, test_file.parent)
+    return test_file

@@ -39,3 +39,6 @@ def test_no_test_file_before_the_commit_that_adds_it(tmp_path):
     assert _stack.write_test_file([first], tmp_path / "at1") is None
     test_file = _stack.write_test_file([first, second], tmp_path / "at2")
     assert test_file.read_text() == "def test_it():\n    pass\n"
+    # Its ranks start as in the suites.
+    conftest = test_file.parent / "conftest.py"
+    assert conftest.read_text() == _stack.CONFTEST.read_text()
